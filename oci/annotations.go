@@ -1,0 +1,68 @@
+// Package oci holds pure functions over OCI runtime specs: annotation
+// parsing and validation now, host-to-guest translation of mounts and
+// devices with the shim.
+package oci
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cocoonrt/cocoon/runtime/config"
+)
+
+// AnnotationPrefix marks the annotations Cocoon reads. Every annotation
+// under it must be one this package knows: a typo must not silently fall
+// back to a default.
+const AnnotationPrefix = "io.cocoon."
+
+// Annotations Cocoon reads (docs/annotations.md).
+const (
+	// AnnotationVCPUs sets the sandbox's vCPU count.
+	AnnotationVCPUs = AnnotationPrefix + "vcpus"
+	// AnnotationMemoryMiB sets the sandbox's guest memory in MiB.
+	AnnotationMemoryMiB = AnnotationPrefix + "memory_mib"
+)
+
+// ApplyAnnotations overlays the io.cocoon.* annotations on cfg and
+// validates the result. Unknown io.cocoon.* keys and malformed values are
+// errors naming the key; other annotations are ignored.
+func ApplyAnnotations(cfg config.Config, annotations map[string]string) (config.Config, error) {
+	keys := make([]string, 0, len(annotations))
+	for k := range annotations {
+		if strings.HasPrefix(k, AnnotationPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := annotations[k]
+		var err error
+		switch k {
+		case AnnotationVCPUs:
+			cfg.Hypervisor.VCPUs, err = parseInt(v, 1, config.MaxVCPUs)
+		case AnnotationMemoryMiB:
+			cfg.Hypervisor.MemoryMiB, err = parseInt(v, config.MinMemoryMiB, config.MaxMemoryMiB)
+		default:
+			return cfg, fmt.Errorf("annotation %q: %w: unknown %s annotation (see docs/annotations.md)", k, errdefs.ErrInvalidArgument, AnnotationPrefix)
+		}
+		if err != nil {
+			return cfg, fmt.Errorf("annotation %s=%q: %w: %v", k, v, errdefs.ErrInvalidArgument, err)
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+func parseInt(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("not an integer")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("want %d to %d", lo, hi)
+	}
+	return n, nil
+}

@@ -1,0 +1,46 @@
+package oci
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/cocoonrt/cocoon/runtime/config"
+)
+
+func TestApplyAnnotations(t *testing.T) {
+	cases := []struct {
+		name    string
+		in      map[string]string
+		vcpus   int
+		mem     int
+		wantErr string
+	}{
+		{name: "none", in: nil, vcpus: 1, mem: 256},
+		{name: "foreign keys ignored", in: map[string]string{"io.kubernetes.cri.sandbox-id": "x"}, vcpus: 1, mem: 256},
+		{name: "both", in: map[string]string{AnnotationVCPUs: "2", AnnotationMemoryMiB: "512"}, vcpus: 2, mem: 512},
+		{name: "unknown key", in: map[string]string{"io.cocoon.vcpu": "2"}, wantErr: `"io.cocoon.vcpu"`},
+		{name: "not a number", in: map[string]string{AnnotationVCPUs: "two"}, wantErr: "io.cocoon.vcpus"},
+		{name: "too many vcpus", in: map[string]string{AnnotationVCPUs: "65"}, wantErr: "want 1 to 64"},
+		{name: "too little memory", in: map[string]string{AnnotationMemoryMiB: "16"}, wantErr: "io.cocoon.memory_mib"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ApplyAnnotations(config.Default(), tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("err = %v, want an invalid-argument error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Hypervisor.VCPUs != tc.vcpus || got.Hypervisor.MemoryMiB != tc.mem {
+				t.Fatalf("got %d vcpus %d MiB, want %d and %d", got.Hypervisor.VCPUs, got.Hypervisor.MemoryMiB, tc.vcpus, tc.mem)
+			}
+		})
+	}
+}

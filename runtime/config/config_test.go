@@ -1,0 +1,108 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestDefaultIsValidAndRoundTrips(t *testing.T) {
+	d := Default()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+	b, err := d.TOML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(p, env(nil))
+	if err != nil {
+		t.Fatalf("load printed defaults: %v\n%s", err, b)
+	}
+	if got.Runtime.StartTimeout != d.Runtime.StartTimeout || got.Hypervisor.MemoryMiB != d.Hypervisor.MemoryMiB {
+		t.Fatalf("round trip changed values: %+v", got)
+	}
+}
+
+func TestLoadPrecedence(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(p, []byte("[hypervisor]\nvcpus = 2\naccel = \"kvm\"\n[runtime]\nstart_timeout = \"7s\"\n"), 0o644)
+	c, err := Load("", env(map[string]string{"COCOON_CONFIG": p, "COCOON_ACCEL": "tcg"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Hypervisor.VCPUs != 2 {
+		t.Errorf("file did not set vcpus: %d", c.Hypervisor.VCPUs)
+	}
+	if c.Hypervisor.Accel != "tcg" {
+		t.Errorf("environment did not override the file: accel %q", c.Hypervisor.Accel)
+	}
+	if c.Runtime.StartTimeout.Duration != 7*time.Second {
+		t.Errorf("start_timeout = %v", c.Runtime.StartTimeout)
+	}
+	if c.Hypervisor.MemoryMiB != 256 {
+		t.Errorf("default memory lost: %d", c.Hypervisor.MemoryMiB)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(s), 0o644)
+		return p
+	}
+	cases := []struct {
+		name string
+		path string
+		env  map[string]string
+		want string
+	}{
+		{"unknown key", write("a.toml", "[hypervisor]\nvcpu = 2\n"), nil, `unknown key "hypervisor.vcpu"`},
+		{"bad toml", write("b.toml", "[hypervisor\n"), nil, "b.toml"},
+		{"bad duration", write("c.toml", "[runtime]\nstart_timeout = \"soon\"\n"), nil, "c.toml"},
+		{"explicit missing file", filepath.Join(dir, "none.toml"), nil, "none.toml"},
+		{"bad env number", "", map[string]string{"COCOON_VCPUS": "many"}, "COCOON_VCPUS"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.path, env(tc.env))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+	// A missing default file is fine: every default is compiled in.
+	if _, err := Load("", env(map[string]string{})); err != nil && !strings.Contains(err.Error(), DefaultPath) {
+		t.Fatalf("missing default file: %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	c := Default()
+	c.Hypervisor.Accel = "fast"
+	c.Hypervisor.VCPUs = 0
+	c.Hypervisor.MemoryMiB = 1
+	err := c.Validate()
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("err = %v, want invalid argument", err)
+	}
+	for _, want := range []string{"hypervisor.accel", "hypervisor.vcpus", "hypervisor.memory_mib"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
