@@ -1,0 +1,74 @@
+package api
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestStreamHeaderRoundTrip(t *testing.T) {
+	for _, h := range []StreamHeader{
+		{Kind: StreamControl},
+		{Kind: StreamStdin, ID: "exec-1"},
+		{Kind: StreamStdout, ID: "a.b_c-D"},
+		{Kind: StreamStderr, ID: string(bytes.Repeat([]byte("x"), MaxIDLen))},
+	} {
+		var buf bytes.Buffer
+		if err := WriteStreamHeader(&buf, h); err != nil {
+			t.Fatalf("write %+v: %v", h, err)
+		}
+		buf.WriteString("payload")
+		got, err := ReadStreamHeader(&buf)
+		if err != nil || got != h {
+			t.Fatalf("read back %+v, %v; want %+v", got, err, h)
+		}
+		if buf.String() != "payload" {
+			t.Fatalf("header read consumed payload: %q left", buf.String())
+		}
+	}
+}
+
+func TestStreamHeaderRejects(t *testing.T) {
+	for _, h := range []StreamHeader{
+		{Kind: StreamControl, ID: "x"},
+		{Kind: StreamStdout},
+		{Kind: StreamStdin, ID: "bad/id"},
+		{Kind: 9, ID: "x"},
+	} {
+		if err := WriteStreamHeader(&bytes.Buffer{}, h); err == nil {
+			t.Errorf("write %+v succeeded", h)
+		}
+	}
+	for name, raw := range map[string]string{
+		"short":     "CCN",
+		"magic":     "XXXX\x01\x00",
+		"kind":      "CCN1\x07\x00",
+		"long id":   "CCN1\x03\x41" + string(bytes.Repeat([]byte("a"), 65)),
+		"truncated": "CCN1\x03\x05ab",
+		"bad chars": "CCN1\x03\x02a/",
+	} {
+		if _, err := ReadStreamHeader(bytes.NewReader([]byte(raw))); !errors.Is(err, ErrBadHeader) {
+			t.Errorf("%s: err = %v, want ErrBadHeader", name, err)
+		}
+	}
+}
+
+// FuzzReadStreamHeader: whatever the peer sends, reading a header never
+// panics and anything accepted writes back to the same bytes.
+func FuzzReadStreamHeader(f *testing.F) {
+	f.Add([]byte("CCN1\x01\x00"))
+	f.Add([]byte("CCN1\x03\x03abc"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ReadStreamHeader(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		var buf bytes.Buffer
+		if err := WriteStreamHeader(&buf, h); err != nil {
+			t.Fatalf("accepted %+v but cannot write it: %v", h, err)
+		}
+		if !bytes.HasPrefix(b, buf.Bytes()) {
+			t.Fatalf("re-encoded %q is not a prefix of input %q", buf.Bytes(), b)
+		}
+	})
+}
