@@ -3,24 +3,28 @@ module github.com/cocoonrt/cocoon
 go 1.26.8
 
 require (
-	github.com/BurntSushi/toml v1.6.0 // indirect
-	github.com/containerd/errdefs v1.0.0 // indirect
-	github.com/containerd/errdefs/pkg v0.3.0 // indirect
-	github.com/containerd/log v0.2.0 // indirect
-	github.com/containerd/ttrpc v1.2.10 // indirect
+	github.com/BurntSushi/toml v1.6.0
+	github.com/containerd/errdefs v1.0.0
+	github.com/containerd/errdefs/pkg v0.3.0
+	github.com/containerd/log v0.2.0
+	github.com/containerd/ttrpc v1.2.10
+	github.com/hashicorp/yamux v0.1.2
+	github.com/mdlayher/vsock v1.4.0
+	github.com/urfave/cli/v2 v2.27.7
+	golang.org/x/sys v0.50.0
+	google.golang.org/grpc v1.81.1
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/containerd/typeurl/v2 v2.2.0 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
-	github.com/creack/pty v1.1.24 // indirect
-	github.com/hashicorp/yamux v0.1.2 // indirect
+	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
-	github.com/mdlayher/vsock v1.4.0 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	github.com/urfave/cli/v2 v2.27.7 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect
-	google.golang.org/grpc v1.81.1 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -1,0 +1,21 @@
+// Package agent is cocoon-agent's service: the ttrpc Agent API of
+// guest/api, the processes it runs in the guest, and the yamux session that
+// carries the control stream and every process's stdio streams over the
+// agent channel (a vsock connection or a virtio-serial port).
+//
+// The host opens every stream of a session and starts it with an
+// api.StreamHeader. Control streams go to a ttrpc server; stdio streams are
+// paired with the StartProcess call that names them, whichever of the two
+// arrives first. A process's exit status becomes visible to WaitProcess
+// only after its stdout and stderr were drained and their streams closed,
+// so a host that reads those streams to EOF before it reports the exit
+// never loses trailing output.
+//
+// The agent runs as PID 1 in the guest; its processes are collected by the
+// reaper package, which is also correct when the agent runs as an ordinary
+// process (tests, debugging).
+package agent
+
+// Version is cocoon-agent's version, set at build time with
+// -ldflags "-X github.com/cocoonrt/cocoon/guest/agent.Version=...".
+var Version = "dev"

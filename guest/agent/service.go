@@ -1,0 +1,182 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonrt/cocoon/guest/agent/reaper"
+	"github.com/cocoonrt/cocoon/guest/api"
+)
+
+// Bounds on what the host may ask for. The host is trusted more than the
+// guest, but a bug on its side must not exhaust a small guest.
+const (
+	// MaxEntropy is the most entropy SyncGuest credits per call.
+	MaxEntropy = 512
+	// maxHostname is HOST_NAME_MAX.
+	maxHostname = 64
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxProcesses    = 1024
+	DefaultStreamTimeout   = 10 * time.Second
+	DefaultOutputDrainIdle = 2 * time.Second
+)
+
+// System performs guest-wide changes. The agent uses LinuxSystem; tests
+// pass a fake so they never touch the clock of the machine they run on.
+type System interface {
+	// SetWallClock sets the realtime clock.
+	SetWallClock(t time.Time) error
+	// AddEntropy mixes b into the kernel's random pool and credits it.
+	AddEntropy(b []byte) error
+	// SetHostname sets the hostname.
+	SetHostname(name string) error
+	// PowerOff stops the guest. It returns only if that failed.
+	PowerOff() error
+}
+
+// Config configures a Service. Zero durations and counts take the defaults.
+type Config struct {
+	// System performs the guest-wide operations of SyncGuest and Shutdown.
+	System System
+	// Reaper collects the exits of processes the service starts. It must
+	// be the only waiter for children in the process.
+	Reaper *reaper.Reaper
+	// InitDuration is how long init duties took, reported by Ping.
+	InitDuration time.Duration
+	// MaxProcesses bounds processes known to the agent (running, or
+	// exited and not yet waited for).
+	MaxProcesses int
+	// StreamTimeout bounds how long StartProcess waits for the stdio
+	// streams it names, and how long a stream waits for its StartProcess.
+	StreamTimeout time.Duration
+	// OutputDrainIdle ends the output of an exited process once nothing
+	// arrived for this long (a background child may hold its pipes).
+	OutputDrainIdle time.Duration
+}
+
+// Service implements api.AgentService.
+type Service struct {
+	cfg     Config
+	release string
+	streams *streamRegistry
+
+	// mu guards procs. A nil entry reserves an id while its process
+	// starts.
+	mu    sync.Mutex
+	procs map[string]*process
+
+	// shutdown makes the power-off happen once.
+	shutdown sync.Once
+}
+
+var _ api.AgentService = (*Service)(nil)
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.System == nil || cfg.Reaper == nil {
+		return nil, fmt.Errorf("agent config needs a System and a Reaper: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.MaxProcesses <= 0 {
+		cfg.MaxProcesses = DefaultMaxProcesses
+	}
+	if cfg.StreamTimeout <= 0 {
+		cfg.StreamTimeout = DefaultStreamTimeout
+	}
+	if cfg.OutputDrainIdle <= 0 {
+		cfg.OutputDrainIdle = DefaultOutputDrainIdle
+	}
+	var uts unix.Utsname
+	release := "unknown"
+	if err := unix.Uname(&uts); err == nil {
+		release = unix.ByteSliceToString(uts.Release[:])
+	}
+	return &Service{
+		cfg:     cfg,
+		release: release,
+		// Three stdio streams per possible process may wait at once.
+		streams: newStreamRegistry(cfg.StreamTimeout, 3*cfg.MaxProcesses),
+		procs:   make(map[string]*process),
+	}, nil
+}
+
+// Ping reports the agent's version and the guest's state.
+func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingResponse, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return nil, fmt.Errorf("read boot clock: %w", err)
+	}
+	return &api.PingResponse{
+		Version:       Version,
+		KernelRelease: s.release,
+		UptimeNs:      uint64(ts.Nano()),
+		InitNs:        uint64(s.cfg.InitDuration),
+	}, nil
+}
+
+// SyncGuest sets the clock, credits entropy and sets the hostname. Each
+// is attempted; the errors are joined.
+func (s *Service) SyncGuest(ctx context.Context, req *api.SyncGuestRequest) (*api.SyncGuestResponse, error) {
+	if len(req.Entropy) > MaxEntropy {
+		return nil, fmt.Errorf("entropy of %d bytes over %d: %w", len(req.Entropy), MaxEntropy, errdefs.ErrInvalidArgument)
+	}
+	if len(req.Hostname) > maxHostname || strings.ContainsRune(req.Hostname, 0) {
+		return nil, fmt.Errorf("hostname %q: at most %d bytes, no NUL: %w", req.Hostname, maxHostname, errdefs.ErrInvalidArgument)
+	}
+	if req.WallTimeUnixNs < 0 {
+		return nil, fmt.Errorf("wall time %d before 1970: %w", req.WallTimeUnixNs, errdefs.ErrInvalidArgument)
+	}
+	var errs []error
+	if req.WallTimeUnixNs > 0 {
+		if err := s.cfg.System.SetWallClock(time.Unix(0, req.WallTimeUnixNs)); err != nil {
+			errs = append(errs, fmt.Errorf("set clock: %w", err))
+		}
+	}
+	if len(req.Entropy) > 0 {
+		if err := s.cfg.System.AddEntropy(req.Entropy); err != nil {
+			errs = append(errs, fmt.Errorf("add entropy: %w", err))
+		}
+	}
+	if req.Hostname != "" {
+		if err := s.cfg.System.SetHostname(req.Hostname); err != nil {
+			errs = append(errs, fmt.Errorf("set hostname: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("hostname", req.Hostname).Debug("guest synced")
+	return &api.SyncGuestResponse{}, nil
+}
+
+// shutdownReplyGrace is how long the power-off waits so that the reply to
+// Shutdown reaches the host first. ttrpc gives no hook for "reply sent";
+// a host that loses the reply sees the VM exit, which is the answer too.
+const shutdownReplyGrace = 100 * time.Millisecond
+
+// Shutdown replies, then powers the guest off.
+func (s *Service) Shutdown(ctx context.Context, _ *api.ShutdownRequest) (*api.Empty, error) {
+	s.shutdown.Do(func() {
+		logger := log.G(ctx)
+		logger.Info("shutdown requested")
+		go func() {
+			time.Sleep(shutdownReplyGrace)
+			if err := s.cfg.System.PowerOff(); err != nil {
+				logger.WithError(err).Error("power off failed")
+			}
+		}()
+	})
+	return &api.Empty{}, nil
+}

@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// LinuxSystem is the System of a real guest.
+type LinuxSystem struct {
+	// Halt stops the guest. Init sets it to its own power-off, which
+	// also unmounts what it mounted; nil means sync, then power off.
+	Halt func() error
+}
+
+var _ System = LinuxSystem{}
+
+// SetWallClock sets CLOCK_REALTIME.
+func (LinuxSystem) SetWallClock(t time.Time) error {
+	ts := unix.NsecToTimespec(t.UnixNano())
+	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+}
+
+// AddEntropy writes b to the input pool and credits 8 bits per byte. The
+// host's bytes come from its own CSPRNG, so full credit is right; that is
+// what lets getrandom() stop blocking in a guest restored from a template.
+func (LinuxSystem) AddEntropy(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+	buf := make([]byte, 8+(len(b)+3)/4*4)
+	*(*int32)(unsafe.Pointer(&buf[0])) = int32(8 * len(b))
+	*(*int32)(unsafe.Pointer(&buf[4])) = int32(len(b))
+	copy(buf[8:], b)
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ioErr error
+	if err := sc.Control(func(fd uintptr) {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0])))
+		if errno != 0 {
+			ioErr = errno
+		}
+	}); err != nil {
+		return err
+	}
+	if ioErr != nil {
+		return fmt.Errorf("RNDADDENTROPY: %w", ioErr)
+	}
+	return nil
+}
+
+// SetHostname sets the hostname.
+func (LinuxSystem) SetHostname(name string) error {
+	return unix.Sethostname([]byte(name))
+}
+
+// PowerOff runs Halt, or syncs and powers off.
+func (l LinuxSystem) PowerOff() error {
+	if l.Halt != nil {
+		return l.Halt()
+	}
+	unix.Sync()
+	return reboot()
+}
+
+// reboot powers the guest off; if the kernel refuses, it resets it
+// instead, which ends a VM run with -no-reboot just as well. It returns
+// only if both fail.
+func reboot() error {
+	err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+	if rerr := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); rerr != nil {
+		return fmt.Errorf("power off: %v; restart: %w", err, rerr)
+	}
+	return nil
+}

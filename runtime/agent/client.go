@@ -1,0 +1,250 @@
+// Package agent is the host's typed client of cocoon-agent, the guest's
+// PID 1. Connect starts the yamux session over the agent channel (the host
+// is the yamux client and opens every stream) and the ttrpc control
+// stream; Start opens a process's stdio streams and copies them to and
+// from the caller's readers and writers.
+//
+// The guest is treated as hostile: replies are bounded by ttrpc's message
+// limit and trimmed, stdio is streamed through bounded windows, and a guest
+// that opens a stream of its own ends the session. Agent errors come back
+// as errdefs errors (errgrpc.ToNative); a closed session is
+// errdefs.ErrUnavailable.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/hashicorp/yamux"
+	"google.golang.org/grpc/status"
+
+	"github.com/cocoonrt/cocoon/guest/api"
+)
+
+// streamWindow is the per-stream receive window; the guest uses the same.
+const streamWindow = 512 << 10
+
+// maxInfoString bounds strings the guest reports about itself.
+const maxInfoString = 256
+
+// Client is a connection to one guest's agent. It is safe for concurrent
+// use.
+type Client struct {
+	sess    *yamux.Session
+	control net.Conn
+	rpc     *ttrpc.Client
+	agent   api.AgentService
+}
+
+// Connect starts the agent session over conn, which the Client then owns.
+// It does not wait for the guest: the first call does (see WaitReady).
+func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
+	cfg := &yamux.Config{
+		// The guest never opens streams; a small backlog is enough to
+		// notice one that does.
+		AcceptBacklog: 4,
+		// No keepalive: a VM paused for a snapshot, or crawling under
+		// software emulation, must keep its session. The caller
+		// watches the VM process instead.
+		EnableKeepAlive:        false,
+		KeepAliveInterval:      time.Minute,
+		ConnectionWriteTimeout: time.Minute,
+		MaxStreamWindowSize:    streamWindow,
+		// No open timeout: the guest acknowledges streams only once the
+		// agent runs, and the caller's start deadline bounds that.
+		StreamOpenTimeout:  0,
+		StreamCloseTimeout: 2 * time.Minute,
+		Logger:             log.G(ctx).WithField("component", "yamux"),
+	}
+	sess, err := yamux.Client(conn, cfg)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("start agent session: %w", err)
+	}
+	control, err := openStream(sess, api.StreamHeader{Kind: api.StreamControl})
+	if err != nil {
+		_ = sess.Close()
+		return nil, err
+	}
+	rpc := ttrpc.NewClient(control)
+	c := &Client{sess: sess, control: control, rpc: rpc, agent: api.NewAgentClient(rpc)}
+	go c.refuseGuestStreams(ctx)
+	return c, nil
+}
+
+// refuseGuestStreams ends the session if the guest opens a stream: the
+// protocol has none, so the guest is broken or hostile.
+func (c *Client) refuseGuestStreams(ctx context.Context) {
+	s, err := c.sess.AcceptStream()
+	if err != nil {
+		return
+	}
+	_ = s.Close()
+	log.G(ctx).Error("guest opened a stream on the agent session; closing the session")
+	_ = c.sess.Close()
+}
+
+func openStream(sess *yamux.Session, h api.StreamHeader) (*yamux.Stream, error) {
+	s, err := sess.OpenStream()
+	if err != nil {
+		return nil, unavailable(fmt.Errorf("open %s stream: %w", h.Kind, err))
+	}
+	if err := api.WriteStreamHeader(s, h); err != nil {
+		_ = s.Close()
+		return nil, unavailable(fmt.Errorf("write %s stream header: %w", h.Kind, err))
+	}
+	return s, nil
+}
+
+func unavailable(err error) error {
+	return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+}
+
+// Done is closed when the session has ended.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// Close ends the session. Processes in the guest keep running.
+func (c *Client) Close() error {
+	_ = c.rpc.Close()
+	return c.sess.Close()
+}
+
+// mapErr turns what a call returned into an errdefs error.
+func (c *Client) mapErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return fmt.Errorf("%s: %w", op, errgrpc.ToNative(err))
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) || c.sess.IsClosed() {
+		return fmt.Errorf("%s: agent connection closed: %w", op, errdefs.ErrUnavailable)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// GuestInfo is what the agent reports about itself.
+type GuestInfo struct {
+	// Version of cocoon-agent.
+	Version string
+	// KernelRelease is the guest's uname -r.
+	KernelRelease string
+	// Uptime is the guest's CLOCK_BOOTTIME.
+	Uptime time.Duration
+	// InitDuration is how long the agent's init duties took.
+	InitDuration time.Duration
+}
+
+// Ping asks the agent for its GuestInfo.
+func (c *Client) Ping(ctx context.Context) (GuestInfo, error) {
+	resp, err := c.agent.Ping(ctx, &api.PingRequest{})
+	if err != nil {
+		return GuestInfo{}, c.mapErr("ping agent", err)
+	}
+	return GuestInfo{
+		Version:       trim(resp.Version),
+		KernelRelease: trim(resp.KernelRelease),
+		Uptime:        time.Duration(clampNs(resp.UptimeNs)),
+		InitDuration:  time.Duration(clampNs(resp.InitNs)),
+	}, nil
+}
+
+func trim(s string) string {
+	if len(s) > maxInfoString {
+		return s[:maxInfoString]
+	}
+	return s
+}
+
+func clampNs(ns uint64) int64 {
+	if ns > 1<<62 {
+		return 1 << 62
+	}
+	return int64(ns)
+}
+
+// WaitReady pings the agent until it answers or ctx ends, and returns its
+// first answer. Each attempt has a short timeout of its own, so a ping
+// written before the agent listened does not hold up the next. Callers
+// bound ctx by the sandbox start deadline and also watch the VM exit.
+func (c *Client) WaitReady(ctx context.Context) (GuestInfo, error) {
+	// Attempts start at 1 s and grow to 4 s: a reply that arrives after
+	// its attempt gave up is only logged by ttrpc, but one per attempt
+	// would flood the log of a slow (emulated) boot.
+	attempt := time.Second
+	var last error
+	for {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		start := time.Now()
+		info, err := c.Ping(actx)
+		cancel()
+		if err == nil {
+			return info, nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return GuestInfo{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), last)
+		case <-c.Done():
+			return GuestInfo{}, fmt.Errorf("agent not ready: connection closed: %w", errdefs.ErrUnavailable)
+		default:
+		}
+		// An attempt that failed before its timeout (not a silent
+		// guest) is paced so that it cannot spin.
+		if rest := attempt - time.Since(start); rest > 0 {
+			t := time.NewTimer(rest)
+			select {
+			case <-ctx.Done():
+			case <-c.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		if attempt < 4*time.Second {
+			attempt *= 2
+		}
+	}
+}
+
+// GuestSync is what SyncGuest sets in the guest.
+type GuestSync struct {
+	// WallTime is the host's wall clock; zero leaves the guest clock.
+	WallTime time.Time
+	// Entropy is credited to the guest's random pool (at most 512 bytes).
+	Entropy []byte
+	// Hostname, if set, becomes the guest's hostname.
+	Hostname string
+}
+
+// SyncGuest sets the guest's clock, entropy and hostname. Call it after
+// WaitReady and after every restore from a snapshot or template.
+func (c *Client) SyncGuest(ctx context.Context, s GuestSync) error {
+	req := &api.SyncGuestRequest{Entropy: s.Entropy, Hostname: s.Hostname}
+	if !s.WallTime.IsZero() {
+		req.WallTimeUnixNs = s.WallTime.UnixNano()
+	}
+	_, err := c.agent.SyncGuest(ctx, req)
+	return c.mapErr("sync guest", err)
+}
+
+// Shutdown asks the agent to sync, unmount and power the guest off. A
+// session that closes before the reply arrives counts as success: the
+// guest went down. The caller then waits for the VM to exit.
+func (c *Client) Shutdown(ctx context.Context) error {
+	_, err := c.agent.Shutdown(ctx, &api.ShutdownRequest{})
+	if err = c.mapErr("shut down guest", err); err != nil && !errdefs.IsUnavailable(err) {
+		return err
+	}
+	return nil
+}
