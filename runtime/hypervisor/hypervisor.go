@@ -72,3 +72,23 @@ type VM interface {
 // ErrVMExited is wrapped by errors that arise because the VMM process is
 // gone.
 var ErrVMExited = errors.New("vm exited")
+
+// DiskAddr is where a hot-plugged disk sits on the guest's SCSI
+// controller: /sys/bus/scsi/devices/0:0:<SCSIID>:<LUN> in the guest.
+type DiskAddr struct {
+	SCSIID uint32
+	LUN    uint32
+}
+
+// DiskAttacher is implemented by VMs that can hot-plug disks after boot.
+// Container root filesystems arrive this way: microvm's virtio-mmio
+// devices cannot be hot-plugged, so disks go onto the SCSI controller
+// every guest gets at boot.
+type DiskAttacher interface {
+	// AttachDisk hot-plugs the file at path as a SCSI disk named id
+	// (unique within the VM) and returns its address once the VMM has
+	// added it. The guest sees it shortly after.
+	AttachDisk(ctx context.Context, id, path string, readOnly bool) (DiskAddr, error)
+	// DetachDisk unplugs the disk named id and releases the file.
+	DetachDisk(ctx context.Context, id string) error
+}

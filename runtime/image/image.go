@@ -37,8 +37,9 @@ type Manifest struct {
 	Kernel Kernel `json:"kernel"`
 	// Initrd is the initial ramdisk holding the agent and runc.
 	Initrd File `json:"initrd"`
-	// Components records the versions and digests of what the initrd holds.
-	Components map[string]string `json:"components,omitempty"`
+	// Components records the versions and digests of what the initrd
+	// holds; informational, its shape is the image build's.
+	Components map[string]any `json:"components,omitempty"`
 }
 
 // File is one file of the image.
@@ -54,8 +55,10 @@ type File struct {
 // Kernel is the guest kernel file and what was learnt building it.
 type Kernel struct {
 	File
-	// Version is the kernel release.
+	// Version is the kernel version (6.1.x).
 	Version string `json:"version,omitempty"`
+	// Release is what uname -r says in the guest.
+	Release string `json:"release,omitempty"`
 	// Source names the package the kernel was built from.
 	Source string `json:"source,omitempty"`
 	// Cmdline is the kernel command line tuned for this kernel; the

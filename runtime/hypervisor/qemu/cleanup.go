@@ -126,3 +126,12 @@ func findQEMU(stateDir string) int {
 	}
 	return 0
 }
+
+// Running returns the pid of the QEMU serving stateDir, or 0 if none runs.
+// Like Cleanup it trusts a pid only once /proc shows it is that QEMU.
+func Running(stateDir string) int {
+	if pid, err := readPIDFile(filepath.Join(stateDir, PIDFileName)); err == nil && isOurQEMU(pid, stateDir) {
+		return pid
+	}
+	return findQEMU(stateDir)
+}

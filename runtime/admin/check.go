@@ -1,0 +1,120 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/version"
+)
+
+// containerdSocket is where a system containerd listens.
+const containerdSocket = "/run/containerd/containerd.sock"
+
+// Check reports what this host offers Cocoon, then boots a throwaway VM to
+// agent readiness. It returns an error unless the VM became ready; its last
+// line of output is then `ready in <N> ms (<accel>, <channel>)`.
+func (e *Env) Check(ctx context.Context, w io.Writer) error {
+	cfg := e.Config
+	fmt.Fprintf(w, "cocoon %s\n", version.Version)
+	fmt.Fprintf(w, "config: %s\n", e.ConfigSource)
+
+	qemuVersion, err := commandFirstLine(ctx, cfg.Hypervisor.Path, "--version")
+	if err != nil {
+		fmt.Fprintf(w, "qemu: %s: %v\n", cfg.Hypervisor.Path, err)
+		return fmt.Errorf("qemu %s: %w", cfg.Hypervisor.Path, err)
+	}
+	fmt.Fprintf(w, "qemu: %s (%s)\n", cfg.Hypervisor.Path, qemuVersion)
+
+	accel, why, err := hypervisor.SelectAccel(hypervisor.Accel(cfg.Hypervisor.Accel), e.AccelHost)
+	if err != nil {
+		fmt.Fprintf(w, "accel: %v\n", err)
+		return err
+	}
+	fmt.Fprintf(w, "accel: %s (%s)\n", accel, why)
+	ch, why, err := channel.Select(channel.Kind(cfg.Hypervisor.Channel), e.ChannelHost)
+	if err != nil {
+		fmt.Fprintf(w, "channel: %v\n", err)
+		return err
+	}
+	fmt.Fprintf(w, "channel: %s (%s)\n", ch, why)
+
+	img, err := image.Open(cfg.Guest.ImageDir)
+	if err != nil {
+		fmt.Fprintf(w, "guest image: %v\n", err)
+		return err
+	}
+	m := img.Manifest
+	fmt.Fprintf(w, "guest image: %s\n", img.Dir)
+	fmt.Fprintf(w, "  kernel: %s %s sha256:%s\n", m.Kernel.Path, m.Kernel.Version, m.Kernel.SHA256)
+	fmt.Fprintf(w, "  initrd: %s (%s) sha256:%s\n", m.Initrd.Path, orNone(m.Initrd.Compression), m.Initrd.SHA256)
+	// Hash now, without the stamp, so check always says what is on disk.
+	if err := img.Verify(""); err != nil {
+		fmt.Fprintf(w, "  digests: %v\n", err)
+		return err
+	}
+	fmt.Fprintf(w, "  digests: verified\n")
+
+	fmt.Fprintf(w, "containerd: %s\n", containerdStatus(ctx))
+
+	fmt.Fprintf(w, "booting a throwaway vm (%d vcpu, %d MiB)...\n", cfg.Hypervisor.VCPUs, cfg.Hypervisor.MemoryMiB)
+	sb, err := e.StartSandbox(ctx, "check")
+	if err != nil {
+		fmt.Fprintf(w, "boot failed: %v\n", err)
+		return err
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*cfg.Runtime.StopTimeout.Duration)
+	defer cancel()
+	if err := sb.Stop(stopCtx); err != nil {
+		fmt.Fprintf(w, "stop failed: %v\n", err)
+		return err
+	}
+	fmt.Fprintf(w, "guest: kernel %s, agent %s\n", sb.Guest.KernelRelease, sb.Guest.Version)
+	fmt.Fprintf(w, "ready in %d ms (%s, %s)\n", sb.ReadyIn.Milliseconds(), sb.Accel, sb.Channel)
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// containerdStatus says which containerd is installed and whether one
+// serves the default socket. Neither is needed to boot a VM, so it is
+// reported, not required.
+func containerdStatus(ctx context.Context) string {
+	path, err := exec.LookPath("containerd")
+	if err != nil {
+		return "not installed (needed for the shim, not for this check)"
+	}
+	v, err := commandFirstLine(ctx, path, "--version")
+	if err != nil {
+		v = err.Error()
+	}
+	state := "not serving " + containerdSocket
+	if c, err := net.DialTimeout("unix", containerdSocket, time.Second); err == nil {
+		c.Close()
+		state = "serving " + containerdSocket
+	}
+	return fmt.Sprintf("%s (%s), %s", path, v, state)
+}
+
+func commandFirstLine(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).Output()
+	if err != nil {
+		return "", err
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line, nil
+}

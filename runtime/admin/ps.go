@@ -1,0 +1,122 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
+	"github.com/cocoonrt/cocoon/runtime/sandbox"
+)
+
+// SandboxEntry is one sandbox found under the state directory.
+type SandboxEntry struct {
+	// Dir is the sandbox's state directory.
+	Dir string
+	// State is its record; zero if unreadable.
+	State sandbox.State
+	// StateErr says why State could not be read.
+	StateErr error
+	// VMMPid is the pid of its running VMM, 0 if none runs.
+	VMMPid int
+}
+
+// Sandboxes lists the sandboxes under the state directory, of every
+// namespace.
+func (e *Env) Sandboxes() ([]SandboxEntry, error) {
+	root := e.Config.Runtime.StateDir
+	nss, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []SandboxEntry
+	for _, ns := range nss {
+		if !ns.IsDir() {
+			continue
+		}
+		ids, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			if !id.IsDir() {
+				continue
+			}
+			dir := filepath.Join(root, ns.Name(), id.Name())
+			st, err := sandbox.ReadState(dir)
+			out = append(out, SandboxEntry{Dir: dir, State: st, StateErr: err, VMMPid: qemu.Running(dir)})
+		}
+	}
+	return out, nil
+}
+
+// PS prints the sandboxes as a table.
+func (e *Env) PS(w io.Writer) error {
+	list, err := e.Sandboxes()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tSANDBOX\tVMM PID\tSTATUS\tCREATED")
+	for _, s := range list {
+		ns, id := filepath.Base(filepath.Dir(s.Dir)), filepath.Base(s.Dir)
+		status, created := "running", "-"
+		if s.VMMPid == 0 {
+			status = "stale (no vmm)"
+		}
+		if s.StateErr != nil {
+			status += ", no state record"
+		} else {
+			created = s.State.Created.Local().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", ns, id, s.VMMPid, status, created)
+	}
+	return tw.Flush()
+}
+
+// GC removes the state of sandboxes whose VMM no longer runs, which a
+// killed owner can leave behind. Running sandboxes are never touched, nor
+// are sandboxes younger than the start timeout: their VMM may be starting.
+func (e *Env) GC(ctx context.Context, w io.Writer) error {
+	list, err := e.Sandboxes()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range list {
+		if s.VMMPid != 0 || e.young(s) {
+			continue
+		}
+		if err := qemu.Cleanup(ctx, s.Dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.RemoveAll(s.Dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintf(w, "removed stale sandbox %s\n", s.Dir)
+	}
+	return errors.Join(errs...)
+}
+
+// young reports whether s may still be starting.
+func (e *Env) young(s SandboxEntry) bool {
+	created := s.State.Created
+	if s.StateErr != nil {
+		fi, err := os.Stat(s.Dir)
+		if err != nil {
+			return false
+		}
+		created = fi.ModTime()
+	}
+	return time.Since(created) < e.Config.Runtime.StartTimeout.Duration
+}

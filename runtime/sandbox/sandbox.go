@@ -1,0 +1,314 @@
+// Package sandbox runs the lifecycle of one microVM: launch the VMM, wait
+// for the guest agent, give the guest its identity, and stop it again
+// leaving nothing behind. It knows nothing of containerd; the shim and the
+// cocoon CLI both drive it.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/cocoonrt/cocoon/runtime/agent"
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/config"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/image"
+)
+
+// consoleTailLines is how much of the guest console an error carries.
+const consoleTailLines = 25
+
+// StateFile is the file in a sandbox's state directory that records it.
+// It is written before the VMM starts so that a separate process can
+// always find and undo what a crashed one left.
+const StateFile = "sandbox.json"
+
+// State is what StateFile records.
+type State struct {
+	// Namespace and ID name the sandbox.
+	Namespace string `json:"namespace"`
+	ID        string `json:"id"`
+	// Driver is the hypervisor driver that runs the VM.
+	Driver string `json:"driver"`
+	// Created is when the sandbox was created.
+	Created time.Time `json:"created"`
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,75}$`)
+
+// ValidName checks a namespace or sandbox id the way containerd does, so
+// that it is safe as a path element.
+func ValidName(what, s string) error {
+	if !namePattern.MatchString(s) {
+		return fmt.Errorf("%s %q: %w: want 1-76 characters of [A-Za-z0-9_.-], starting alphanumeric", what, s, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Options are what Start needs.
+type Options struct {
+	// Namespace and ID name the sandbox; its state lives in
+	// <runtime.state_dir>/<Namespace>/<ID>.
+	Namespace string
+	ID        string
+	// Config is the validated configuration.
+	Config config.Config
+	// Driver launches the VM.
+	Driver hypervisor.Driver
+	// Image is the guest image; Start verifies it.
+	Image *image.Image
+	// AccelHost and ChannelHost are the host facts that selection uses.
+	AccelHost   hypervisor.AccelHost
+	ChannelHost channel.Host
+}
+
+// Sandbox is one running microVM with a ready agent.
+type Sandbox struct {
+	// Namespace and ID name the sandbox.
+	Namespace string
+	ID        string
+	// Dir is the sandbox's state directory.
+	Dir string
+	// Accel and Channel are what was selected, with the reasons.
+	Accel         hypervisor.Accel
+	AccelReason   string
+	Channel       channel.Kind
+	ChannelReason string
+	// ReadyIn is the time from VMM launch to the agent's first answer.
+	ReadyIn time.Duration
+	// Guest is what the agent said about itself when it became ready.
+	Guest agent.GuestInfo
+
+	vm          hypervisor.VM
+	agent       *agent.Client
+	stopTimeout time.Duration
+}
+
+// Start launches a VM and returns once its agent is ready and the guest
+// has its clock, entropy and hostname. On error nothing is left running
+// and the state directory is gone.
+func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
+	if err := ValidName("namespace", o.Namespace); err != nil {
+		return nil, err
+	}
+	if err := ValidName("sandbox id", o.ID); err != nil {
+		return nil, err
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", o.ID))
+	cfg := o.Config
+
+	accel, accelWhy, err := hypervisor.SelectAccel(hypervisor.Accel(cfg.Hypervisor.Accel), o.AccelHost)
+	if err != nil {
+		return nil, err
+	}
+	ch, chWhy, err := channel.Select(channel.Kind(cfg.Hypervisor.Channel), o.ChannelHost)
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("accel", accel).WithField("accel_reason", accelWhy).
+		WithField("channel", ch).WithField("channel_reason", chWhy).Info("starting sandbox")
+
+	if err := o.Image.Verify(filepath.Join(cfg.Runtime.DataDir, "image")); err != nil {
+		return nil, err
+	}
+
+	s := &Sandbox{
+		Namespace: o.Namespace, ID: o.ID,
+		Dir:   filepath.Join(cfg.Runtime.StateDir, o.Namespace, o.ID),
+		Accel: accel, AccelReason: accelWhy, Channel: ch, ChannelReason: chWhy,
+		stopTimeout: cfg.Runtime.StopTimeout.Duration,
+	}
+	if err := os.MkdirAll(filepath.Dir(s.Dir), 0o711); err != nil {
+		return nil, fmt.Errorf("sandbox state: %w", err)
+	}
+	if err := os.Mkdir(s.Dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("sandbox %s/%s: %w", o.Namespace, o.ID, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("sandbox state: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			s.teardown(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := writeState(s.Dir, State{Namespace: o.Namespace, ID: o.ID, Driver: o.Driver.Name(), Created: time.Now().UTC()}); err != nil {
+		return nil, err
+	}
+
+	startCtx, cancel := context.WithTimeout(ctx, cfg.Runtime.StartTimeout.Duration)
+	defer cancel()
+	launched := time.Now()
+	s.vm, err = o.Driver.Launch(startCtx, hypervisor.Spec{
+		ID:              o.ID,
+		StateDir:        s.Dir,
+		Kernel:          o.Image.KernelPath(),
+		Initrd:          o.Image.InitrdPath(),
+		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
+		VCPUs:           cfg.Hypervisor.VCPUs,
+		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
+		Accel:           accel,
+		Channel:         ch,
+		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("launch vm: %w", err)
+	}
+	if err := s.connect(startCtx); err != nil {
+		return nil, err
+	}
+	s.ReadyIn = time.Since(launched)
+	log.G(ctx).WithField("ready_ms", s.ReadyIn.Milliseconds()).WithField("guest_kernel", s.Guest.KernelRelease).Info("sandbox ready")
+	return s, nil
+}
+
+// connect reaches the agent, waits for it to answer and syncs the guest.
+// It gives up as soon as the VMM exits or ctx ends, and the error then
+// carries the tail of the guest console: that is where a guest that does
+// not boot says why.
+func (s *Sandbox) connect(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.vm.Exited():
+			why := "the guest shut down or reset"
+			if err := s.vm.ExitError(); err != nil {
+				why = err.Error()
+			}
+			cancel(fmt.Errorf("%w before the agent was ready: %s", hypervisor.ErrVMExited, why))
+		case <-ctx.Done():
+		}
+	}()
+	fail := func(step string, err error) error {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+		return fmt.Errorf("guest agent %s: %w%s", step, err, s.consoleTail())
+	}
+
+	conn, err := s.vm.AgentEndpoint().Dial(ctx)
+	if err != nil {
+		return fail("connect", err)
+	}
+	s.agent, err = agent.Connect(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return fail("connect", err)
+	}
+	info, err := s.agent.WaitReady(ctx)
+	if err != nil {
+		return fail("not ready", err)
+	}
+	s.Guest = info
+	if err := s.Sync(ctx); err != nil {
+		return fail("sync", err)
+	}
+	return nil
+}
+
+// Sync gives the guest the host's wall clock, fresh entropy and its
+// hostname. Start does it once; a restored guest needs it again.
+func (s *Sandbox) Sync(ctx context.Context) error {
+	seed := make([]byte, 64)
+	if _, err := rand.Read(seed); err != nil {
+		return fmt.Errorf("entropy for guest: %w", err)
+	}
+	return s.agent.SyncGuest(ctx, agent.GuestSync{WallTime: time.Now(), Entropy: seed, Hostname: s.ID})
+}
+
+func (s *Sandbox) consoleTail() string {
+	if s.vm == nil {
+		return ""
+	}
+	lines := s.vm.ConsoleTail(consoleTailLines)
+	if len(lines) == 0 {
+		return "\n(guest console is empty)"
+	}
+	return "\nlast guest console lines:\n  " + strings.Join(lines, "\n  ")
+}
+
+// Agent is the client of the guest agent.
+func (s *Sandbox) Agent() *agent.Client { return s.agent }
+
+// VM is the running VM.
+func (s *Sandbox) VM() hypervisor.VM { return s.vm }
+
+// Stop shuts the guest down through its agent, stops the VMM (escalating
+// to SIGKILL when the guest does not power off in time) and removes the
+// state directory. Safe to call more than once.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	if s.agent != nil && s.vm != nil {
+		select {
+		case <-s.vm.Exited():
+		default:
+			sctx, cancel := context.WithTimeout(ctx, s.stopTimeout)
+			if err := s.agent.Shutdown(sctx); err != nil {
+				log.G(ctx).WithError(err).Debug("agent shutdown")
+			} else {
+				select {
+				case <-s.vm.Exited():
+				case <-sctx.Done():
+				}
+			}
+			cancel()
+		}
+	}
+	return s.teardown(ctx)
+}
+
+// teardown stops the VMM and removes what the sandbox made, whatever state
+// it is in.
+func (s *Sandbox) teardown(ctx context.Context) error {
+	var errs []error
+	if s.agent != nil {
+		s.agent.Close()
+	}
+	if s.vm != nil {
+		sctx, cancel := context.WithTimeout(ctx, s.stopTimeout)
+		if err := s.vm.Stop(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop vm: %w", err))
+		}
+		cancel()
+	}
+	// After the VM stopped: the scratch disks are no longer in use.
+	if err := os.RemoveAll(s.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove sandbox state: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func writeState(dir string, st State) error {
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, StateFile), data, 0o600); err != nil {
+		return fmt.Errorf("sandbox state: %w", err)
+	}
+	return nil
+}
+
+// ReadState reads the record of the sandbox whose state directory is dir.
+func ReadState(dir string) (State, error) {
+	var st State
+	data, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err != nil {
+		return st, fmt.Errorf("sandbox state: %w", err)
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return st, fmt.Errorf("sandbox state %s: %w: %v", dir, errdefs.ErrDataLoss, err)
+	}
+	return st, nil
+}
