@@ -14,6 +14,17 @@
 // The agent runs as PID 1 in the guest; its processes are collected by the
 // reaper package, which is also correct when the agent runs as an ordinary
 // process (tests, debugging).
+//
+// Containers run with runc's CLI, every runc process started through the
+// reaper. A container's init and its execs are grandchildren of the agent
+// (runc forks them and exits); they are reparented to the agent and
+// adopted by the reaper from runc's pid file, and from then on they are
+// processes like any other: their stdio goes through the same streams,
+// and WaitProcess, SignalProcess, CloseStdin and ResizePty work on them.
+// Each container's root filesystem is assembled from the disks the host
+// hot-plugged (DiskRootfs): EROFS layers and an ext4 scratch disk joined
+// by overlayfs under Config.ContainerDir/<id>. Statistics, pids and OOM
+// kills are read from the container's cgroup v2 directory.
 package agent
 
 // Version is cocoon-agent's version, set at build time with

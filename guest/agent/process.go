@@ -48,6 +48,10 @@ type process struct {
 	result *api.WaitProcessResponse
 	// release frees the stdio once the status was collected.
 	release sync.Once
+	// onExit, if set, learns of the exit as soon as the process is
+	// reaped, before its output is drained (a container's init marks
+	// the container stopped).
+	onExit func(reaper.Exit)
 }
 
 // StartProcess starts a process once the stdio streams it names arrived.
@@ -241,6 +245,9 @@ func lookPath(prog string, env []string) (string, error) {
 func (s *Service) watch(ctx context.Context, p *process) {
 	<-p.child.Done()
 	exit := p.child.Exit()
+	if p.onExit != nil {
+		p.onExit(exit)
+	}
 	p.stdio.processExited()
 	p.result = &api.WaitProcessResponse{
 		ExitStatus:     exit.Status(),

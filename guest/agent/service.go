@@ -32,6 +32,14 @@ const (
 	DefaultMaxProcesses    = 1024
 	DefaultStreamTimeout   = 10 * time.Second
 	DefaultOutputDrainIdle = 2 * time.Second
+	DefaultMaxContainers   = 256
+	DefaultMaxEvents       = 128
+	DefaultDiskTimeout     = 10 * time.Second
+	// DefaultRunc is where the guest image installs runc.
+	DefaultRunc         = "/usr/bin/runc"
+	DefaultRuncRoot     = "/run/cocoon/runc"
+	DefaultContainerDir = "/run/cocoon/containers"
+	DefaultCgroupRoot   = "/sys/fs/cgroup"
 )
 
 // System performs guest-wide changes. The agent uses LinuxSystem; tests
@@ -65,6 +73,29 @@ type Config struct {
 	// OutputDrainIdle ends the output of an exited process once nothing
 	// arrived for this long (a background child may hold its pipes).
 	OutputDrainIdle time.Duration
+
+	// Runc is the runc binary that runs containers.
+	Runc string
+	// RuncRoot is runc's state directory (runc --root).
+	RuncRoot string
+	// RuncNoPivot makes runc enter container roots with MS_MOVE and
+	// chroot instead of pivot_root. It is turned on by itself when the
+	// agent's root is the initramfs, which pivot_root cannot leave.
+	RuncNoPivot bool
+	// ContainerDir holds each container's bundle and root filesystem
+	// mounts, in a directory named after the container.
+	ContainerDir string
+	// CgroupRoot is where the cgroup v2 hierarchy is mounted; container
+	// statistics, pids and OOM events are read there.
+	CgroupRoot string
+	// Rootfs assembles container root filesystems; nil means from the
+	// SCSI disks the host hot-plugged (DiskRootfs with its defaults).
+	Rootfs RootfsAssembler
+	// MaxContainers bounds the containers the agent keeps.
+	MaxContainers int
+	// MaxEvents bounds the events waiting for the host's NextEvent; the
+	// oldest is dropped when it is full.
+	MaxEvents int
 }
 
 // Service implements api.AgentService.
@@ -77,6 +108,9 @@ type Service struct {
 	// starts.
 	mu    sync.Mutex
 	procs map[string]*process
+
+	// containers are the containers run with runc.
+	containers *containerSet
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
@@ -98,6 +132,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.OutputDrainIdle <= 0 {
 		cfg.OutputDrainIdle = DefaultOutputDrainIdle
 	}
+	setContainerDefaults(&cfg)
 	var uts unix.Utsname
 	release := "unknown"
 	if err := unix.Uname(&uts); err == nil {
@@ -107,8 +142,9 @@ func New(cfg Config) (*Service, error) {
 		cfg:     cfg,
 		release: release,
 		// Three stdio streams per possible process may wait at once.
-		streams: newStreamRegistry(cfg.StreamTimeout, 3*cfg.MaxProcesses),
-		procs:   make(map[string]*process),
+		streams:    newStreamRegistry(cfg.StreamTimeout, 3*cfg.MaxProcesses),
+		procs:      make(map[string]*process),
+		containers: newContainerSet(cfg),
 	}, nil
 }
 

@@ -30,6 +30,701 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Event_Kind int32
+
+const (
+	Event_UNKNOWN Event_Kind = 0
+	// OOM: the kernel OOM-killed a process of the container.
+	Event_OOM Event_Kind = 1
+)
+
+// Enum value maps for Event_Kind.
+var (
+	Event_Kind_name = map[int32]string{
+		0: "UNKNOWN",
+		1: "OOM",
+	}
+	Event_Kind_value = map[string]int32{
+		"UNKNOWN": 0,
+		"OOM":     1,
+	}
+)
+
+func (x Event_Kind) Enum() *Event_Kind {
+	p := new(Event_Kind)
+	*p = x
+	return p
+}
+
+func (x Event_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (Event_Kind) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x Event_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Event_Kind.Descriptor instead.
+func (Event_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10, 0}
+}
+
+type ContainerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// container_id is the containerd container id.
+	ContainerId   string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerRequest) Reset() {
+	*x = ContainerRequest{}
+	mi := &file_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerRequest) ProtoMessage() {}
+
+func (x *ContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerRequest.ProtoReflect.Descriptor instead.
+func (*ContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+// Disk is a block device the host attached to the guest's virtio-scsi
+// controller.
+type Disk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scsi_id and lun address the disk on the controller
+	// (/sys/bus/scsi/devices/0:0:<scsi_id>:<lun>).
+	ScsiId uint32 `protobuf:"varint,1,opt,name=scsi_id,json=scsiId,proto3" json:"scsi_id,omitempty"`
+	Lun    uint32 `protobuf:"varint,2,opt,name=lun,proto3" json:"lun,omitempty"`
+	// fstype is the filesystem on the disk: "erofs" or "ext4".
+	Fstype        string `protobuf:"bytes,3,opt,name=fstype,proto3" json:"fstype,omitempty"`
+	ReadOnly      bool   `protobuf:"varint,4,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Disk) Reset() {
+	*x = Disk{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Disk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Disk) ProtoMessage() {}
+
+func (x *Disk) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Disk.ProtoReflect.Descriptor instead.
+func (*Disk) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Disk) GetScsiId() uint32 {
+	if x != nil {
+		return x.ScsiId
+	}
+	return 0
+}
+
+func (x *Disk) GetLun() uint32 {
+	if x != nil {
+		return x.Lun
+	}
+	return 0
+}
+
+func (x *Disk) GetFstype() string {
+	if x != nil {
+		return x.Fstype
+	}
+	return ""
+}
+
+func (x *Disk) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type Rootfs struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// layers are the read-only image layers, lowest first.
+	Layers []*Disk `protobuf:"bytes,1,rep,name=layers,proto3" json:"layers,omitempty"`
+	// scratch holds the writable layer (upper and work dirs); absent for
+	// a read-only root made of a single layer.
+	Scratch       *Disk `protobuf:"bytes,2,opt,name=scratch,proto3" json:"scratch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rootfs) Reset() {
+	*x = Rootfs{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rootfs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rootfs) ProtoMessage() {}
+
+func (x *Rootfs) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rootfs.ProtoReflect.Descriptor instead.
+func (*Rootfs) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Rootfs) GetLayers() []*Disk {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *Rootfs) GetScratch() *Disk {
+	if x != nil {
+		return x.Scratch
+	}
+	return nil
+}
+
+type CreateContainerRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// process_id names the init process for the process calls and its
+	// stdio streams.
+	ProcessId string `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// spec is the OCI runtime spec (JSON) translated for the guest: its
+	// root.path is ignored, the agent sets it to the assembled rootfs.
+	Spec   []byte  `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	Rootfs *Rootfs `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// stdio streams the host opens for the init process, as in
+	// StartProcessRequest. With a terminal (process.terminal in the spec)
+	// output arrives on stdout.
+	Stdin         bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout        bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContainerRequest) Reset() {
+	*x = CreateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContainerRequest) ProtoMessage() {}
+
+func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
+func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CreateContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetSpec() []byte {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetRootfs() *Rootfs {
+	if x != nil {
+		return x.Rootfs
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *CreateContainerRequest) GetStdout() bool {
+	if x != nil {
+		return x.Stdout
+	}
+	return false
+}
+
+func (x *CreateContainerRequest) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
+}
+
+type ExecProcessRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ProcessId   string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// process is the OCI process (JSON) to run.
+	Process       []byte `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	Stdin         bool   `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout        bool   `protobuf:"varint,5,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        bool   `protobuf:"varint,6,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecProcessRequest) Reset() {
+	*x = ExecProcessRequest{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecProcessRequest) ProtoMessage() {}
+
+func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
+func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExecProcessRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ExecProcessRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *ExecProcessRequest) GetProcess() []byte {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *ExecProcessRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *ExecProcessRequest) GetStdout() bool {
+	if x != nil {
+		return x.Stdout
+	}
+	return false
+}
+
+func (x *ExecProcessRequest) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
+}
+
+type KillContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Signal        uint32                 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KillContainerRequest) Reset() {
+	*x = KillContainerRequest{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KillContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KillContainerRequest) ProtoMessage() {}
+
+func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KillContainerRequest.ProtoReflect.Descriptor instead.
+func (*KillContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *KillContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *KillContainerRequest) GetSignal() uint32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *KillContainerRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type UpdateContainerRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// resources is an OCI LinuxResources (JSON).
+	Resources     []byte `protobuf:"bytes,2,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerRequest) Reset() {
+	*x = UpdateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerRequest) ProtoMessage() {}
+
+func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *UpdateContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *UpdateContainerRequest) GetResources() []byte {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+type ContainerStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// metrics is a containerd cgroups v2 Metrics message
+	// (io.containerd.cgroups.v2.Metrics), serialized.
+	Metrics       []byte `protobuf:"bytes,1,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsResponse) Reset() {
+	*x = ContainerStatsResponse{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsResponse) ProtoMessage() {}
+
+func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
+func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ContainerStatsResponse) GetMetrics() []byte {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+type ContainerPidsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pids          []uint32               `protobuf:"varint,1,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerPidsResponse) Reset() {
+	*x = ContainerPidsResponse{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerPidsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerPidsResponse) ProtoMessage() {}
+
+func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerPidsResponse.ProtoReflect.Descriptor instead.
+func (*ContainerPidsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ContainerPidsResponse) GetPids() []uint32 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
+type NextEventRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NextEventRequest) Reset() {
+	*x = NextEventRequest{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NextEventRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NextEventRequest) ProtoMessage() {}
+
+func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NextEventRequest.ProtoReflect.Descriptor instead.
+func (*NextEventRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+type Event struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          Event_Kind             `protobuf:"varint,1,opt,name=kind,proto3,enum=cocoon.agent.v1.Event_Kind" json:"kind,omitempty"`
+	ContainerId   string                 `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Event) GetKind() Event_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Event_UNKNOWN
+}
+
+func (x *Event) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
 type Empty struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -38,7 +733,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +745,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[0]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +758,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{0}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type PingRequest struct {
@@ -74,7 +769,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -86,7 +781,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -99,7 +794,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type PingResponse struct {
@@ -118,7 +813,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -130,7 +825,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -143,7 +838,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PingResponse) GetVersion() string {
@@ -188,7 +883,7 @@ type SyncGuestRequest struct {
 
 func (x *SyncGuestRequest) Reset() {
 	*x = SyncGuestRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -200,7 +895,7 @@ func (x *SyncGuestRequest) String() string {
 func (*SyncGuestRequest) ProtoMessage() {}
 
 func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -213,7 +908,7 @@ func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestRequest.ProtoReflect.Descriptor instead.
 func (*SyncGuestRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SyncGuestRequest) GetWallTimeUnixNs() int64 {
@@ -245,7 +940,7 @@ type SyncGuestResponse struct {
 
 func (x *SyncGuestResponse) Reset() {
 	*x = SyncGuestResponse{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +952,7 @@ func (x *SyncGuestResponse) String() string {
 func (*SyncGuestResponse) ProtoMessage() {}
 
 func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +965,7 @@ func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestResponse.ProtoReflect.Descriptor instead.
 func (*SyncGuestResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type StartProcessRequest struct {
@@ -304,7 +999,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +1011,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +1024,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StartProcessRequest) GetId() string {
@@ -426,7 +1121,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +1133,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +1146,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -470,7 +1165,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +1177,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +1190,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaitProcessRequest) GetId() string {
@@ -520,7 +1215,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +1227,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +1240,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -581,7 +1276,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +1288,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +1301,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SignalProcessRequest) GetId() string {
@@ -639,7 +1334,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +1346,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1359,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -685,7 +1380,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +1392,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +1405,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -742,7 +1437,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +1449,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,14 +1462,59 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x0fcocoon.agent.v1\"\a\n" +
+	"\vagent.proto\x12\x0fcocoon.agent.v1\"5\n" +
+	"\x10ContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"f\n" +
+	"\x04Disk\x12\x17\n" +
+	"\ascsi_id\x18\x01 \x01(\rR\x06scsiId\x12\x10\n" +
+	"\x03lun\x18\x02 \x01(\rR\x03lun\x12\x16\n" +
+	"\x06fstype\x18\x03 \x01(\tR\x06fstype\x12\x1b\n" +
+	"\tread_only\x18\x04 \x01(\bR\breadOnly\"h\n" +
+	"\x06Rootfs\x12-\n" +
+	"\x06layers\x18\x01 \x03(\v2\x15.cocoon.agent.v1.DiskR\x06layers\x12/\n" +
+	"\ascratch\x18\x02 \x01(\v2\x15.cocoon.agent.v1.DiskR\ascratch\"\xe5\x01\n" +
+	"\x16CreateContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x12\n" +
+	"\x04spec\x18\x03 \x01(\fR\x04spec\x12/\n" +
+	"\x06rootfs\x18\x04 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x12\x14\n" +
+	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
+	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\a \x01(\bR\x06stderr\"\xb6\x01\n" +
+	"\x12ExecProcessRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x18\n" +
+	"\aprocess\x18\x03 \x01(\fR\aprocess\x12\x14\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\x12\x16\n" +
+	"\x06stdout\x18\x05 \x01(\bR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x06 \x01(\bR\x06stderr\"c\n" +
+	"\x14KillContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\"Y\n" +
+	"\x16UpdateContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1c\n" +
+	"\tresources\x18\x02 \x01(\fR\tresources\"2\n" +
+	"\x16ContainerStatsResponse\x12\x18\n" +
+	"\ametrics\x18\x01 \x01(\fR\ametrics\"+\n" +
+	"\x15ContainerPidsResponse\x12\x12\n" +
+	"\x04pids\x18\x01 \x03(\rR\x04pids\"\x12\n" +
+	"\x10NextEventRequest\"y\n" +
+	"\x05Event\x12/\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1b.cocoon.agent.v1.Event.KindR\x04kind\x12!\n" +
+	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\"\x1c\n" +
+	"\x04Kind\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\a\n" +
+	"\x03OOM\x10\x01\"\a\n" +
 	"\x05Empty\"\r\n" +
 	"\vPingRequest\"\x85\x01\n" +
 	"\fPingResponse\x12\x18\n" +
@@ -820,7 +1560,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\xff\x04\n" +
+	"\x0fShutdownRequest2\x99\f\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -830,7 +1570,18 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12\".cocoon.agent.v1.CloseStdinRequest\x1a\x16.cocoon.agent.v1.Empty\x12F\n" +
 	"\tResizePty\x12!.cocoon.agent.v1.ResizePtyRequest\x1a\x16.cocoon.agent.v1.Empty\x12D\n" +
-	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.EmptyB*Z(github.com/cocoonrt/cocoon/guest/api;apib\x06proto3"
+	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12a\n" +
+	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12K\n" +
+	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12Y\n" +
+	"\vExecProcess\x12#.cocoon.agent.v1.ExecProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12N\n" +
+	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
+	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12K\n" +
+	"\x0ePauseContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
+	"\x0fResumeContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12R\n" +
+	"\x0fUpdateContainer\x12'.cocoon.agent.v1.UpdateContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12\\\n" +
+	"\x0eContainerStats\x12!.cocoon.agent.v1.ContainerRequest\x1a'.cocoon.agent.v1.ContainerStatsResponse\x12Z\n" +
+	"\rContainerPids\x12!.cocoon.agent.v1.ContainerRequest\x1a&.cocoon.agent.v1.ContainerPidsResponse\x12F\n" +
+	"\tNextEvent\x12!.cocoon.agent.v1.NextEventRequest\x1a\x16.cocoon.agent.v1.EventB*Z(github.com/cocoonrt/cocoon/guest/api;apib\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -844,44 +1595,83 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_agent_proto_goTypes = []any{
-	(*Empty)(nil),                // 0: cocoon.agent.v1.Empty
-	(*PingRequest)(nil),          // 1: cocoon.agent.v1.PingRequest
-	(*PingResponse)(nil),         // 2: cocoon.agent.v1.PingResponse
-	(*SyncGuestRequest)(nil),     // 3: cocoon.agent.v1.SyncGuestRequest
-	(*SyncGuestResponse)(nil),    // 4: cocoon.agent.v1.SyncGuestResponse
-	(*StartProcessRequest)(nil),  // 5: cocoon.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil), // 6: cocoon.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),   // 7: cocoon.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),  // 8: cocoon.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil), // 9: cocoon.agent.v1.SignalProcessRequest
-	(*CloseStdinRequest)(nil),    // 10: cocoon.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),     // 11: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),      // 12: cocoon.agent.v1.ShutdownRequest
+	(Event_Kind)(0),                // 0: cocoon.agent.v1.Event.Kind
+	(*ContainerRequest)(nil),       // 1: cocoon.agent.v1.ContainerRequest
+	(*Disk)(nil),                   // 2: cocoon.agent.v1.Disk
+	(*Rootfs)(nil),                 // 3: cocoon.agent.v1.Rootfs
+	(*CreateContainerRequest)(nil), // 4: cocoon.agent.v1.CreateContainerRequest
+	(*ExecProcessRequest)(nil),     // 5: cocoon.agent.v1.ExecProcessRequest
+	(*KillContainerRequest)(nil),   // 6: cocoon.agent.v1.KillContainerRequest
+	(*UpdateContainerRequest)(nil), // 7: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil), // 8: cocoon.agent.v1.ContainerStatsResponse
+	(*ContainerPidsResponse)(nil),  // 9: cocoon.agent.v1.ContainerPidsResponse
+	(*NextEventRequest)(nil),       // 10: cocoon.agent.v1.NextEventRequest
+	(*Event)(nil),                  // 11: cocoon.agent.v1.Event
+	(*Empty)(nil),                  // 12: cocoon.agent.v1.Empty
+	(*PingRequest)(nil),            // 13: cocoon.agent.v1.PingRequest
+	(*PingResponse)(nil),           // 14: cocoon.agent.v1.PingResponse
+	(*SyncGuestRequest)(nil),       // 15: cocoon.agent.v1.SyncGuestRequest
+	(*SyncGuestResponse)(nil),      // 16: cocoon.agent.v1.SyncGuestResponse
+	(*StartProcessRequest)(nil),    // 17: cocoon.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),   // 18: cocoon.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),     // 19: cocoon.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),    // 20: cocoon.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),   // 21: cocoon.agent.v1.SignalProcessRequest
+	(*CloseStdinRequest)(nil),      // 22: cocoon.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),       // 23: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),        // 24: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	1,  // 0: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	3,  // 1: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	5,  // 2: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	7,  // 3: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	9,  // 4: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	10, // 5: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	11, // 6: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	12, // 7: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	2,  // 8: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	4,  // 9: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	6,  // 10: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	8,  // 11: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	0,  // 12: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	0,  // 13: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	0,  // 14: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	0,  // 15: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	8,  // [8:16] is the sub-list for method output_type
-	0,  // [0:8] is the sub-list for method input_type
-	0,  // [0:0] is the sub-list for extension type_name
-	0,  // [0:0] is the sub-list for extension extendee
-	0,  // [0:0] is the sub-list for field type_name
+	2,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
+	2,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
+	3,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
+	0,  // 3: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
+	13, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	15, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	17, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	19, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	21, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	22, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	23, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	24, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	4,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 13: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	5,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	6,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 16: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 17: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 18: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	7,  // 19: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 20: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 21: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	10, // 22: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	14, // 23: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	16, // 24: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	18, // 25: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	20, // 26: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	12, // 27: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	12, // 28: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	12, // 29: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	12, // 30: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	18, // 31: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	12, // 32: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 33: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	12, // 34: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	12, // 35: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	12, // 36: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	12, // 37: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	12, // 38: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	8,  // 39: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	9,  // 40: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	11, // 41: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	23, // [23:42] is the sub-list for method output_type
+	4,  // [4:23] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -894,13 +1684,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   13,
+			NumEnums:      1,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File

@@ -16,6 +16,17 @@ type AgentService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*Empty, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*Empty, error)
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
+	CreateContainer(context.Context, *CreateContainerRequest) (*StartProcessResponse, error)
+	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
+	ExecProcess(context.Context, *ExecProcessRequest) (*StartProcessResponse, error)
+	KillContainer(context.Context, *KillContainerRequest) (*Empty, error)
+	DeleteContainer(context.Context, *ContainerRequest) (*Empty, error)
+	PauseContainer(context.Context, *ContainerRequest) (*Empty, error)
+	ResumeContainer(context.Context, *ContainerRequest) (*Empty, error)
+	UpdateContainer(context.Context, *UpdateContainerRequest) (*Empty, error)
+	ContainerStats(context.Context, *ContainerRequest) (*ContainerStatsResponse, error)
+	ContainerPids(context.Context, *ContainerRequest) (*ContainerPidsResponse, error)
+	NextEvent(context.Context, *NextEventRequest) (*Event, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -76,6 +87,83 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CreateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CreateContainer(ctx, &req)
+			},
+			"StartContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.StartContainer(ctx, &req)
+			},
+			"ExecProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ExecProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ExecProcess(ctx, &req)
+			},
+			"KillContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req KillContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.KillContainer(ctx, &req)
+			},
+			"DeleteContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.DeleteContainer(ctx, &req)
+			},
+			"PauseContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.PauseContainer(ctx, &req)
+			},
+			"ResumeContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ResumeContainer(ctx, &req)
+			},
+			"UpdateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateContainer(ctx, &req)
+			},
+			"ContainerStats": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ContainerStats(ctx, &req)
+			},
+			"ContainerPids": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ContainerPids(ctx, &req)
+			},
+			"NextEvent": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req NextEventRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.NextEvent(ctx, &req)
 			},
 		},
 	})
@@ -150,6 +238,94 @@ func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*Em
 func (c *agentClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*StartProcessResponse, error) {
+	var resp StartProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "CreateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) StartContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "StartContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ExecProcess(ctx context.Context, req *ExecProcessRequest) (*StartProcessResponse, error) {
+	var resp StartProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ExecProcess", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) KillContainer(ctx context.Context, req *KillContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "KillContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) DeleteContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "DeleteContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) PauseContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "PauseContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ResumeContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ResumeContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) UpdateContainer(ctx context.Context, req *UpdateContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "UpdateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ContainerStats(ctx context.Context, req *ContainerRequest) (*ContainerStatsResponse, error) {
+	var resp ContainerStatsResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ContainerStats", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ContainerPids(ctx context.Context, req *ContainerRequest) (*ContainerPidsResponse, error) {
+	var resp ContainerPidsResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ContainerPids", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) NextEvent(ctx context.Context, req *NextEventRequest) (*Event, error) {
+	var resp Event
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "NextEvent", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

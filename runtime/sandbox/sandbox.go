@@ -29,6 +29,10 @@ import (
 // consoleTailLines is how much of the guest console an error carries.
 const consoleTailLines = 25
 
+// exitGrace is how long a failed start waits to learn whether the VMM has
+// exited, to report that rather than the channel error it caused.
+const exitGrace = 200 * time.Millisecond
+
 // StateFile is the file in a sandbox's state directory that records it.
 // It is written before the VMM starts so that a separate process can
 // always find and undo what a crashed one left.
@@ -71,6 +75,9 @@ type Options struct {
 	// AccelHost and ChannelHost are the host facts that selection uses.
 	AccelHost   hypervisor.AccelHost
 	ChannelHost channel.Host
+	// Rootfs is the layer cache that turns containers' rootfs mounts into
+	// disks; without it CreateContainer fails.
+	Rootfs RootfsCache
 }
 
 // Sandbox is one running microVM with a ready agent.
@@ -93,6 +100,14 @@ type Sandbox struct {
 	vm          hypervisor.VM
 	agent       *agent.Client
 	stopTimeout time.Duration
+
+	// rootfs is Options.Rootfs.
+	rootfs RootfsCache
+	// containersDir holds the containers' scratch disks
+	// (<data_dir>/containers/<namespace>/<id>).
+	containersDir string
+	// containers are the sandbox's containers (container.go).
+	containers containers
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -127,7 +142,9 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		Namespace: o.Namespace, ID: o.ID,
 		Dir:   filepath.Join(cfg.Runtime.StateDir, o.Namespace, o.ID),
 		Accel: accel, AccelReason: accelWhy, Channel: ch, ChannelReason: chWhy,
-		stopTimeout: cfg.Runtime.StopTimeout.Duration,
+		stopTimeout:   cfg.Runtime.StopTimeout.Duration,
+		rootfs:        o.Rootfs,
+		containersDir: filepath.Join(cfg.Runtime.DataDir, ContainersDirName, o.Namespace, o.ID),
 	}
 	if err := os.MkdirAll(filepath.Dir(s.Dir), 0o711); err != nil {
 		return nil, fmt.Errorf("sandbox state: %w", err)
@@ -183,17 +200,20 @@ func (s *Sandbox) connect(ctx context.Context) error {
 	go func() {
 		select {
 		case <-s.vm.Exited():
-			why := "the guest shut down or reset"
-			if err := s.vm.ExitError(); err != nil {
-				why = err.Error()
-			}
-			cancel(fmt.Errorf("%w before the agent was ready: %s", hypervisor.ErrVMExited, why))
+			cancel(s.exitCause())
 		case <-ctx.Done():
 		}
 	}()
 	fail := func(step string, err error) error {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			err = cause
+		// When the VMM dies, the agent channel often notices first; its
+		// error says less than the VMM's exit, so wait a moment for it.
+		select {
+		case <-s.vm.Exited():
+			err = s.exitCause()
+		case <-time.After(exitGrace):
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				err = cause
+			}
 		}
 		return fmt.Errorf("guest agent %s: %w%s", step, err, s.consoleTail())
 	}
@@ -226,6 +246,15 @@ func (s *Sandbox) Sync(ctx context.Context) error {
 		return fmt.Errorf("entropy for guest: %w", err)
 	}
 	return s.agent.SyncGuest(ctx, agent.GuestSync{WallTime: time.Now(), Entropy: seed, Hostname: s.ID})
+}
+
+// exitCause describes the VMM's exit during start.
+func (s *Sandbox) exitCause() error {
+	why := "the guest shut down or reset"
+	if err := s.vm.ExitError(); err != nil {
+		why = err.Error()
+	}
+	return fmt.Errorf("%w before the agent was ready: %s", hypervisor.ErrVMExited, why)
 }
 
 func (s *Sandbox) consoleTail() string {
@@ -283,6 +312,9 @@ func (s *Sandbox) teardown(ctx context.Context) error {
 		cancel()
 	}
 	// After the VM stopped: the scratch disks are no longer in use.
+	if err := s.closeContainers(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("release containers: %w", err))
+	}
 	if err := os.RemoveAll(s.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove sandbox state: %w", err))
 	}

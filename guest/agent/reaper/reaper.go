@@ -45,11 +45,18 @@ type Reaper struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// mu guards children. Start holds it from fork until the pid is
-	// registered, so an orphan-collecting pass that sees the new pid
-	// blocks until it can tell that the pid is ours.
+	// mu guards children, expecting and early. Start holds it from fork
+	// until the pid is registered, so an orphan-collecting pass that sees
+	// the new pid blocks until it can tell that the pid is ours.
 	mu       sync.Mutex
 	children map[int]*Child
+	// expecting counts open Adoptions. While it is positive, the exits
+	// of unknown children are kept in early instead of dropped.
+	expecting int
+	// early holds exits of unknown children collected while an adoption
+	// was expected, oldest first in earlyOrder; bounded by maxEarly.
+	early      map[int]Exit
+	earlyOrder []int
 }
 
 // New starts a reaper. Close stops it.
@@ -149,13 +156,19 @@ func (r *Reaper) reap() {
 		}
 		r.mu.Lock()
 		c := r.children[pid]
-		r.mu.Unlock()
 		if c == nil {
-			// An orphan: collect it so it does not stay a zombie.
+			// An orphan: collect it so it does not stay a zombie. The
+			// lock is held so that an Adopt of this pid either
+			// registered it before (c != nil) or finds it in early.
 			var ws unix.WaitStatus
-			_, _ = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			got, _ := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			if got == pid && r.expecting > 0 {
+				r.keepEarlyLocked(pid, Exit{WaitStatus: ws, At: time.Now()})
+			}
+			r.mu.Unlock()
 			continue
 		}
+		r.mu.Unlock()
 		if c.tryReap() {
 			r.forget(c)
 			continue

@@ -1,0 +1,176 @@
+//go:build linux
+
+// Package agenttest runs cocoon-agent's container service on the test
+// machine itself: runc from the host, a busybox root filesystem made from
+// the host's static busybox, and a rootfs assembler that needs no disks.
+// Tests of the agent, its host client and the sandbox use it; the disk
+// path is covered in real VMs.
+package agenttest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonrt/cocoon/guest/agent"
+	"github.com/cocoonrt/cocoon/guest/api"
+)
+
+// Busybox is the static busybox the root filesystems are made from.
+const Busybox = "/bin/busybox"
+
+// busyboxApplets are linked in every root filesystem.
+var busyboxApplets = []string{"sh", "cat", "echo", "sleep", "true", "false", "tail", "head", "ls", "id", "env", "stty", "dd", "yes", "wc"}
+
+// NeedContainers skips the test unless it runs as root with runc and a
+// static busybox, and makes this process a child subreaper: container
+// processes are grandchildren of the agent (runc create forks them and
+// exits), reparented to it as they are to PID 1 in the guest.
+func NeedContainers(t testing.TB) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("containers need root")
+	}
+	if _, err := Runc(); err != nil {
+		t.Skip("runc not found")
+	}
+	if _, err := os.Stat(Busybox); err != nil {
+		t.Skip("no static busybox at " + Busybox)
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("become child subreaper: %v", err)
+	}
+}
+
+// Runc finds the host's runc.
+func Runc() (string, error) {
+	for _, p := range []string{"/usr/sbin/runc", "/usr/bin/runc"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return exec.LookPath("runc")
+}
+
+// CgroupRoot is the host's cgroup v2 mount: /sys/fs/cgroup on a unified
+// host, /sys/fs/cgroup/unified on a hybrid one (where runc puts each
+// container in the v2 tree too, so cgroup.procs and cpu.stat exist there
+// even though the controllers are on v1).
+func CgroupRoot() string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "/sys/fs/cgroup"
+	}
+	return "/sys/fs/cgroup/unified"
+}
+
+// Unified reports whether the host runs cgroup v2 only, with its
+// controllers (memory limits, memory.events, pids.current...).
+func Unified() bool {
+	return CgroupRoot() == "/sys/fs/cgroup"
+}
+
+// Config fills the container settings of an agent.Config for this host:
+// its runc, private state and container directories, and, unless set,
+// its cgroup v2 root and DirRootfs.
+func Config(t testing.TB, cfg agent.Config) agent.Config {
+	t.Helper()
+	runc, err := Runc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Runc = runc
+	cfg.RuncRoot = t.TempDir()
+	// Short: console socket paths live here.
+	dir, err := os.MkdirTemp("", "cc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg.ContainerDir = dir
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = CgroupRoot()
+	}
+	if cfg.Rootfs == nil {
+		cfg.Rootfs = DirRootfs{}
+	}
+	return cfg
+}
+
+// DirRootfs is an agent.RootfsAssembler that ignores the disks and makes
+// a busybox root directory in the container's directory.
+type DirRootfs struct{}
+
+// Assemble makes dir/rootfs.
+func (DirRootfs) Assemble(ctx context.Context, dir string, _ *api.Rootfs) (string, func(context.Context) error, error) {
+	root := filepath.Join(dir, "rootfs")
+	if err := MakeBusyboxRoot(root); err != nil {
+		return "", nil, err
+	}
+	return root, func(context.Context) error { return nil }, nil
+}
+
+// MakeBusyboxRoot fills root with busybox and the directories a
+// container needs.
+func MakeBusyboxRoot(root string) error {
+	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return err
+		}
+	}
+	b, err := os.ReadFile(Busybox)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
+		return err
+	}
+	for _, a := range busyboxApplets {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil && !os.IsExist(err) {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/:/bin/sh\n"), 0o644)
+}
+
+// Spec is an OCI spec for a busybox container running args, like
+// `runc spec` makes (the guest view: no root.path, no cgroupsPath).
+func Spec(terminal bool, args ...string) *specs.Spec {
+	caps := []string{"CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"}
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Terminal: terminal,
+			Args:     args,
+			Env:      []string{"PATH=/bin", "TERM=xterm"},
+			Cwd:      "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{},
+		Hostname: "busybox",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+			MaskedPaths:   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"},
+			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		},
+	}
+}

@@ -1,0 +1,242 @@
+package oci
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// GuestCgroupParent is where the agent puts a container's cgroup in the
+// guest (<GuestCgroupParent>/<container id>) when the spec names none.
+const GuestCgroupParent = "/cocoon"
+
+// kernelFilesystems are the mount types that need nothing from the host:
+// the guest kernel provides them.
+var kernelFilesystems = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "ramfs"}
+
+// standardDevice is a device node runc creates in every container anyway;
+// listing it in linux.devices is harmless.
+type standardDevice struct {
+	major, minor int64
+}
+
+var standardDevices = map[string]standardDevice{
+	"/dev/null":    {1, 3},
+	"/dev/zero":    {1, 5},
+	"/dev/full":    {1, 7},
+	"/dev/random":  {1, 8},
+	"/dev/urandom": {1, 9},
+	"/dev/tty":     {5, 0},
+	"/dev/console": {5, 1},
+	"/dev/ptmx":    {5, 2},
+}
+
+// GuestSpec translates the OCI spec containerd wrote for a container (the
+// host's view, config.json in the bundle) into the spec runc runs in the
+// guest. The host spec is not modified.
+//
+// What changes:
+//   - root.path is cleared: the agent sets it to the root it assembles
+//     from the container's disks. root.readonly is kept.
+//   - linux.cgroupsPath is cleared: host cgroup paths (and systemd's
+//     slice:prefix:name form) mean nothing in the guest, which has no
+//     systemd; the agent uses GuestCgroupParent/<container id>.
+//   - The AppArmor profile and SELinux labels are dropped: the guest
+//     kernel has neither LSM, and the VM is the isolation boundary.
+//
+// What is refused, each problem named in the error (all of them at once):
+//   - joining an existing namespace (a namespace with a path), and
+//     running without a network, pid or ipc namespace (--net=host,
+//     --pid=host, --ipc=host): the host's namespaces are outside the VM.
+//     errdefs.ErrNotImplemented.
+//   - bind mounts of host paths (until volumes arrive through virtio-fs)
+//     and mounts of anything but kernel filesystems. ErrNotImplemented.
+//   - devices other than the standard ones runc creates itself: the VM
+//     has only its own devices. ErrNotImplemented.
+//   - hooks that run in the runtime's namespace (prestart, createRuntime,
+//     createContainer, poststart, poststop): their binaries are on the
+//     host and would be looked for in the guest. A caller that runs such
+//     hooks on the host removes them from the spec before calling
+//     GuestSpec. startContainer hooks run inside the container and are
+//     kept. ErrNotImplemented.
+//   - per-device block I/O limits, RDMA limits, net_cls/net_prio and
+//     Intel RDT: they name host devices or host-only controllers.
+//     ErrNotImplemented.
+//   - a spec without process or linux section, or for another platform
+//     (windows, solaris, vm). ErrInvalidArgument or ErrNotImplemented.
+func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
+	if host == nil {
+		return nil, fmt.Errorf("no spec: %w", errdefs.ErrInvalidArgument)
+	}
+	var g specs.Spec
+	if err := deepCopy(host, &g); err != nil {
+		return nil, err
+	}
+	var errs []error
+	fail := func(sentinel error, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), sentinel))
+	}
+
+	if g.Process == nil {
+		fail(errdefs.ErrInvalidArgument, "spec has no process to run")
+	} else {
+		clearLabels(g.Process)
+	}
+	if g.Windows != nil {
+		fail(errdefs.ErrNotImplemented, "windows: Cocoon runs Linux containers")
+	}
+	if g.Solaris != nil {
+		fail(errdefs.ErrNotImplemented, "solaris: Cocoon runs Linux containers")
+	}
+	if g.VM != nil {
+		fail(errdefs.ErrNotImplemented, "vm: the spec asks for its own VM (kernel and image); Cocoon provides the VM")
+	}
+	readonly := g.Root != nil && g.Root.Readonly
+	g.Root = &specs.Root{Readonly: readonly}
+
+	if g.Linux == nil {
+		fail(errdefs.ErrInvalidArgument, "spec has no linux section")
+	} else {
+		g.Linux.CgroupsPath = ""
+		g.Linux.MountLabel = ""
+		checkNamespaces(g.Linux.Namespaces, fail)
+		checkDevices(g.Linux.Devices, fail)
+		checkResources(g.Linux.Resources, fail)
+		if g.Linux.IntelRdt != nil {
+			fail(errdefs.ErrNotImplemented, "linux.intelRdt: Intel RDT is a host resource the VM does not have")
+		}
+	}
+	checkMounts(g.Mounts, fail)
+	if g.Hooks != nil {
+		checkHooks(g.Hooks, fail)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("the container cannot run in a Cocoon VM: %w", errors.Join(errs...))
+	}
+	return &g, nil
+}
+
+// GuestProcess translates an exec's OCI process for the guest: its
+// AppArmor profile and SELinux label are dropped, as GuestSpec does for
+// the container's init. The host process is not modified.
+func GuestProcess(host *specs.Process) (*specs.Process, error) {
+	if host == nil {
+		return nil, fmt.Errorf("no process: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(host.Args) == 0 && host.CommandLine == "" {
+		return nil, fmt.Errorf("process has no program to run: %w", errdefs.ErrInvalidArgument)
+	}
+	var p specs.Process
+	if err := deepCopy(host, &p); err != nil {
+		return nil, err
+	}
+	clearLabels(&p)
+	return &p, nil
+}
+
+func clearLabels(p *specs.Process) {
+	p.ApparmorProfile = ""
+	p.SelinuxLabel = ""
+}
+
+func deepCopy(from, to any) error {
+	b, err := json.Marshal(from)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	if err := json.Unmarshal(b, to); err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+type failFunc func(sentinel error, format string, args ...any)
+
+// hostNamespaceFlags are the options that leave a namespace out.
+var hostNamespaceFlags = map[specs.LinuxNamespaceType]string{
+	specs.NetworkNamespace: "--net=host",
+	specs.PIDNamespace:     "--pid=host",
+	specs.IPCNamespace:     "--ipc=host",
+}
+
+func checkNamespaces(nss []specs.LinuxNamespace, fail failFunc) {
+	have := map[specs.LinuxNamespaceType]bool{}
+	for _, ns := range nss {
+		have[ns.Type] = true
+		if ns.Path != "" {
+			fail(errdefs.ErrNotImplemented, "linux.namespaces: the %s namespace joins %s, a namespace outside the VM", ns.Type, ns.Path)
+		}
+	}
+	for _, t := range []specs.LinuxNamespaceType{specs.NetworkNamespace, specs.PIDNamespace, specs.IPCNamespace} {
+		if !have[t] {
+			fail(errdefs.ErrNotImplemented, "linux.namespaces: no %s namespace (%s): the host's %s namespace is outside the VM", t, hostNamespaceFlags[t], t)
+		}
+	}
+	if !have[specs.MountNamespace] {
+		fail(errdefs.ErrInvalidArgument, "linux.namespaces: no mount namespace; runc needs one")
+	}
+}
+
+func checkMounts(mounts []specs.Mount, fail failFunc) {
+	for _, m := range mounts {
+		bind := m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+		switch {
+		case bind:
+			fail(errdefs.ErrNotImplemented, "mount %s: bind mounts of host paths (%s) are not supported yet (volumes need virtio-fs)", m.Destination, m.Source)
+		case !slices.Contains(kernelFilesystems, m.Type):
+			fail(errdefs.ErrNotImplemented, "mount %s: filesystem type %q from %s is not available in the VM (only kernel filesystems: %v)", m.Destination, m.Type, m.Source, kernelFilesystems)
+		}
+	}
+}
+
+func checkDevices(devices []specs.LinuxDevice, fail failFunc) {
+	for _, d := range devices {
+		if std, ok := standardDevices[d.Path]; ok && d.Type == "c" && d.Major == std.major && d.Minor == std.minor {
+			continue
+		}
+		fail(errdefs.ErrNotImplemented, "linux.devices: device %s (%s %d:%d) is a host device; the VM has only its own", d.Path, d.Type, d.Major, d.Minor)
+	}
+}
+
+func checkResources(r *specs.LinuxResources, fail failFunc) {
+	if r == nil {
+		return
+	}
+	if b := r.BlockIO; b != nil {
+		for _, list := range [][]specs.LinuxThrottleDevice{b.ThrottleReadBpsDevice, b.ThrottleWriteBpsDevice, b.ThrottleReadIOPSDevice, b.ThrottleWriteIOPSDevice} {
+			for _, d := range list {
+				fail(errdefs.ErrNotImplemented, "linux.resources.blockIO: the limit on block device %d:%d names a host device", d.Major, d.Minor)
+			}
+		}
+		for _, d := range b.WeightDevice {
+			fail(errdefs.ErrNotImplemented, "linux.resources.blockIO: the weight of block device %d:%d names a host device", d.Major, d.Minor)
+		}
+	}
+	for dev := range r.Rdma {
+		fail(errdefs.ErrNotImplemented, "linux.resources.rdma: RDMA device %s is a host device", dev)
+	}
+	if r.Network != nil && (r.Network.ClassID != nil || len(r.Network.Priorities) > 0) {
+		fail(errdefs.ErrNotImplemented, "linux.resources.network: net_cls and net_prio are cgroup v1 controllers; the guest runs cgroup v2")
+	}
+}
+
+func checkHooks(h *specs.Hooks, fail failFunc) {
+	for _, kind := range []struct {
+		name  string
+		hooks []specs.Hook
+	}{
+		{"prestart", h.Prestart}, //nolint:staticcheck // deprecated in the spec, still written by some tools
+		{"createRuntime", h.CreateRuntime},
+		{"createContainer", h.CreateContainer},
+		{"poststart", h.Poststart},
+		{"poststop", h.Poststop},
+	} {
+		for i, hook := range kind.hooks {
+			fail(errdefs.ErrNotImplemented, "hooks.%s[%d]: %s runs in the runtime's namespace, which is the guest, where host binaries do not exist", kind.name, i, hook.Path)
+		}
+	}
+}

@@ -1,0 +1,535 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	cgroupsv2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonrt/cocoon/oci"
+	"github.com/cocoonrt/cocoon/runtime/agent"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/rootfs"
+)
+
+// ContainersDirName is the directory under runtime.data_dir that holds,
+// per sandbox, each container's scratch disk: on disk, not in the
+// tmpfs of the state directory, as it holds what the container writes.
+const ContainersDirName = "containers"
+
+// eventBuffer is how many events Events holds for a slow reader before
+// the sandbox stops asking the guest for more (the guest then queues
+// them, bounded).
+const eventBuffer = 64
+
+// eventRetry paces NextEvent after an unexpected error.
+const eventRetry = time.Second
+
+// guestUndoTimeout bounds the guest-side undo of a failed create.
+const guestUndoTimeout = 10 * time.Second
+
+// RootfsCache turns containerd's rootfs mounts into disk images and gives
+// them back: runtime/rootfs's Cache.
+type RootfsCache interface {
+	// Prepare makes the layer images and the scratch disk in dir.
+	Prepare(ctx context.Context, mounts []rootfs.Mount, dir string, opts ...rootfs.PrepareOpt) (rootfs.Rootfs, error)
+	// Release gives back what Prepare made, once the VM no longer uses it.
+	Release(ctx context.Context, r rootfs.Rootfs) error
+}
+
+var _ RootfsCache = (*rootfs.Cache)(nil)
+
+// ContainerSpec is a container to create in the sandbox.
+type ContainerSpec struct {
+	// ID is the containerd container id.
+	ID string
+	// Spec is the bundle's config.json as containerd wrote it (the host
+	// view); oci.GuestSpec translates it.
+	Spec *specs.Spec
+	// Rootfs are the mounts of CreateTaskRequest.Rootfs.
+	Rootfs []rootfs.Mount
+	// Stdin, if set, is copied to the init process; nil: not attached.
+	Stdin io.Reader
+	// Stdout and Stderr, if set, receive the init's output. With a
+	// terminal the output is on Stdout and Stderr is not used.
+	Stdout, Stderr io.Writer
+}
+
+// EventKind says what happened to a container.
+type EventKind int
+
+const (
+	// EventOOM: the guest kernel OOM-killed a process of the container.
+	EventOOM EventKind = iota + 1
+)
+
+func (k EventKind) String() string {
+	if k == EventOOM {
+		return "oom"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// Event is something that happened to a container in the guest.
+type Event struct {
+	Kind        EventKind
+	ContainerID string
+}
+
+// containers is the sandbox's bookkeeping of its containers. The zero
+// value is ready.
+type containers struct {
+	// mu guards every field. It is never held across a guest call or a
+	// disk attach.
+	mu   sync.Mutex
+	byID map[string]*container
+	// seq numbers the guest process ids.
+	seq uint64
+	// closed is set once the sandbox stopped.
+	closed bool
+	// events is Events' channel, made on the first call; loopDone is
+	// closed when the loop feeding it ends, stopLoop ends it.
+	events   chan Event
+	loopDone chan struct{}
+	stopLoop context.CancelFunc
+}
+
+// container is one container of the sandbox, as the host knows it.
+type container struct {
+	id string
+	// dir is the container's directory under the data dir.
+	dir string
+	// busy is set while the container is created or deleted; guarded
+	// by containers.mu.
+	busy bool
+	// init is the container's init process; set once created.
+	init *agent.Process
+	// rootfs is what the cache prepared.
+	rootfs rootfs.Rootfs
+	// disks are the ids of the attached disks, in attach order.
+	disks []string
+}
+
+// processID returns a new short guest process id: the agent's ids are
+// bounded to 64 characters, container and exec ids are not.
+func (c *containers) processID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	return fmt.Sprintf("p%d", c.seq)
+}
+
+// reserve records a container being created.
+func (c *containers) reserve(id, dir string) (*container, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("sandbox is stopped: %w", errdefs.ErrFailedPrecondition)
+	}
+	if c.byID == nil {
+		c.byID = make(map[string]*container)
+	}
+	if _, ok := c.byID[id]; ok {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	ct := &container{id: id, dir: dir, busy: true}
+	c.byID[id] = ct
+	return ct, nil
+}
+
+// get returns a container that is not being created or deleted.
+func (c *containers) get(id string) (*container, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ct, ok := c.byID[id]
+	if !ok {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	if ct.busy && ct.init == nil {
+		return nil, fmt.Errorf("container %s is still being created: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return ct, nil
+}
+
+func (c *containers) remove(ct *container) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byID[ct.id] == ct {
+		delete(c.byID, ct.id)
+	}
+}
+
+func (c *containers) setBusy(ct *container, busy bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if busy && ct.busy {
+		return fmt.Errorf("container %s is being deleted: %w", ct.id, errdefs.ErrFailedPrecondition)
+	}
+	ct.busy = busy
+	return nil
+}
+
+// CreateContainer creates a container in the guest: the spec is
+// translated for the guest, the rootfs made into disks and hot-plugged,
+// and the agent runs `runc create`. The returned Process is the init,
+// which runs its entrypoint once StartContainer is called. On error
+// nothing is left behind.
+func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agent.Process, retErr error) {
+	if err := ValidName("container id", c.ID); err != nil {
+		return nil, err
+	}
+	guest, err := oci.GuestSpec(c.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.ID, err)
+	}
+	if s.rootfs == nil {
+		return nil, fmt.Errorf("container %s: the sandbox was started without a layer cache: %w", c.ID, errdefs.ErrFailedPrecondition)
+	}
+	attacher, ok := s.vm.(hypervisor.DiskAttacher)
+	if !ok {
+		return nil, fmt.Errorf("container %s: the hypervisor driver cannot hot-plug disks: %w", c.ID, errdefs.ErrNotImplemented)
+	}
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container", c.ID))
+	ct, err := s.containers.reserve(c.ID, filepath.Join(s.containersDir, c.ID))
+	if err != nil {
+		return nil, err
+	}
+	cleanupCtx := context.WithoutCancel(ctx)
+	defer func() {
+		if retErr != nil {
+			if err := s.releaseContainer(cleanupCtx, attacher, ct); err != nil {
+				log.G(ctx).WithError(err).Warn("undo container create")
+			}
+			s.containers.remove(ct)
+		}
+	}()
+
+	ct.rootfs, err = s.rootfs.Prepare(ctx, c.Rootfs, ct.dir)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: rootfs: %w", c.ID, err)
+	}
+	var disks agent.Rootfs
+	for i, layer := range ct.rootfs.Layers {
+		addr, err := s.attach(ctx, attacher, ct, fmt.Sprintf("%s-layer-%d", c.ID, i), layer, true)
+		if err != nil {
+			return nil, err
+		}
+		disks.Layers = append(disks.Layers, agent.Disk{SCSIID: addr.SCSIID, LUN: addr.LUN, FSType: rootfs.LayerFSType, ReadOnly: true})
+	}
+	if ct.rootfs.Scratch != "" {
+		addr, err := s.attach(ctx, attacher, ct, c.ID+"-scratch", ct.rootfs.Scratch, false)
+		if err != nil {
+			return nil, err
+		}
+		disks.Scratch = &agent.Disk{SCSIID: addr.SCSIID, LUN: addr.LUN, FSType: rootfs.ScratchFSType}
+	}
+
+	specJSON, err := json.Marshal(guest)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.ID, err)
+	}
+	stderr := c.Stderr
+	if guest.Process.Terminal {
+		// A terminal has one output, on Stdout.
+		stderr = nil
+	}
+	init, err := s.agent.CreateContainer(ctx, agent.ContainerCreate{
+		ID:        c.ID,
+		ProcessID: s.containers.processID(),
+		Spec:      specJSON,
+		Rootfs:    disks,
+		Stdin:     c.Stdin,
+		Stdout:    c.Stdout,
+		Stderr:    stderr,
+	})
+	if err != nil {
+		// A create the guest finished after ctx gave up must not keep
+		// mounts on disks about to be detached.
+		dctx, cancel := context.WithTimeout(cleanupCtx, guestUndoTimeout)
+		if derr := s.agent.DeleteContainer(dctx, c.ID); derr != nil && !errdefs.IsNotFound(derr) {
+			log.G(ctx).WithError(derr).Warn("undo container create in the guest")
+		}
+		cancel()
+		return nil, err
+	}
+	s.containers.mu.Lock()
+	ct.init = init
+	ct.busy = false
+	s.containers.mu.Unlock()
+	log.G(ctx).WithField("process", init.ID()).WithField("pid", init.Pid()).WithField("disks", len(ct.disks)).Info("container created")
+	return init, nil
+}
+
+// attach hot-plugs one disk of ct and records it for the undo.
+func (s *Sandbox) attach(ctx context.Context, a hypervisor.DiskAttacher, ct *container, id, path string, readOnly bool) (hypervisor.DiskAddr, error) {
+	addr, err := a.AttachDisk(ctx, id, path, readOnly)
+	if err != nil {
+		return addr, fmt.Errorf("container %s: %w", ct.id, err)
+	}
+	ct.disks = append(ct.disks, id)
+	return addr, nil
+}
+
+// releaseContainer detaches ct's disks (newest first), gives its rootfs
+// back to the cache and removes its directory. Disks that failed to
+// detach stay recorded, so that a retry tries them again; with any
+// failure the rootfs is kept, as the VM may still use it.
+func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttacher, ct *container) error {
+	var errs []error
+	var kept []string
+	for i := len(ct.disks) - 1; i >= 0; i-- {
+		if a == nil {
+			break
+		}
+		if err := a.DetachDisk(ctx, ct.disks[i]); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("detach disk %s: %w", ct.disks[i], err))
+			kept = append([]string{ct.disks[i]}, kept...)
+		}
+	}
+	if a != nil {
+		ct.disks = kept
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if s.rootfs != nil && (len(ct.rootfs.Layers) > 0 || ct.rootfs.Scratch != "") {
+		if err := s.rootfs.Release(ctx, ct.rootfs); err != nil {
+			return fmt.Errorf("release rootfs: %w", err)
+		}
+		ct.rootfs = rootfs.Rootfs{}
+	}
+	if err := os.RemoveAll(ct.dir); err != nil {
+		return fmt.Errorf("remove container dir: %w", err)
+	}
+	return nil
+}
+
+// StartContainer starts the container's init.
+func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
+	if _, err := s.containers.get(id); err != nil {
+		return err
+	}
+	return s.agent.StartContainer(ctx, id)
+}
+
+// ExecProcess runs p in the container; execID is containerd's exec id.
+// The process's stdio is wired as in CreateContainer.
+func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (*agent.Process, error) {
+	if _, err := s.containers.get(containerID); err != nil {
+		return nil, err
+	}
+	gp, err := oci.GuestProcess(p)
+	if err != nil {
+		return nil, fmt.Errorf("exec %s in container %s: %w", execID, containerID, err)
+	}
+	data, err := json.Marshal(gp)
+	if err != nil {
+		return nil, err
+	}
+	if gp.Terminal {
+		stderr = nil
+	}
+	proc, err := s.agent.ExecProcess(ctx, agent.ExecCreate{
+		ContainerID: containerID,
+		ProcessID:   s.containers.processID(),
+		Process:     data,
+		Stdin:       stdin,
+		Stdout:      stdout,
+		Stderr:      stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("container", containerID).WithField("exec", execID).WithField("process", proc.ID()).Debug("exec started")
+	return proc, nil
+}
+
+// KillContainer signals the container's init, or with all every process
+// of the container. A stopped container is errdefs.ErrNotFound.
+func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	if _, err := s.containers.get(id); err != nil {
+		return err
+	}
+	return s.agent.KillContainer(ctx, id, sig, all)
+}
+
+// DeleteContainer deletes a created or stopped container in the guest,
+// then detaches its disks and releases its rootfs.
+func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
+	ct, err := s.containers.get(id)
+	if err != nil {
+		return err
+	}
+	if err := s.containers.setBusy(ct, true); err != nil {
+		return err
+	}
+	defer func() { _ = s.containers.setBusy(ct, false) }()
+	if err := s.agent.DeleteContainer(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	attacher, _ := s.vm.(hypervisor.DiskAttacher)
+	if err := s.releaseContainer(ctx, attacher, ct); err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
+	s.containers.remove(ct)
+	log.G(ctx).WithField("container", id).Info("container deleted")
+	return nil
+}
+
+// PauseContainer freezes the container.
+func (s *Sandbox) PauseContainer(ctx context.Context, id string) error {
+	if _, err := s.containers.get(id); err != nil {
+		return err
+	}
+	return s.agent.PauseContainer(ctx, id)
+}
+
+// ResumeContainer thaws the container.
+func (s *Sandbox) ResumeContainer(ctx context.Context, id string) error {
+	if _, err := s.containers.get(id); err != nil {
+		return err
+	}
+	return s.agent.ResumeContainer(ctx, id)
+}
+
+// UpdateContainer applies new resource limits to the container.
+func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error {
+	if _, err := s.containers.get(id); err != nil {
+		return err
+	}
+	if r == nil {
+		return fmt.Errorf("update container %s: no resources: %w", id, errdefs.ErrInvalidArgument)
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("update container %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
+	return s.agent.UpdateContainer(ctx, id, data)
+}
+
+// ContainerStats returns the container's cgroup v2 statistics.
+func (s *Sandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error) {
+	if _, err := s.containers.get(id); err != nil {
+		return nil, err
+	}
+	return s.agent.ContainerStats(ctx, id)
+}
+
+// ContainerPids lists the guest pids of the container's processes.
+func (s *Sandbox) ContainerPids(ctx context.Context, id string) ([]uint32, error) {
+	if _, err := s.containers.get(id); err != nil {
+		return nil, err
+	}
+	return s.agent.ContainerPids(ctx, id)
+}
+
+// Events returns the containers' events (OOM kills). The first call
+// starts asking the guest for them; the channel is closed when the
+// sandbox stops. Every call returns the same channel.
+func (s *Sandbox) Events() <-chan Event {
+	c := &s.containers
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.events != nil {
+		return c.events
+	}
+	c.events = make(chan Event, eventBuffer)
+	if c.closed || s.agent == nil {
+		close(c.events)
+		return c.events
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ctx = log.WithLogger(ctx, log.L.WithField("sandbox", s.ID))
+	c.stopLoop, c.loopDone = cancel, make(chan struct{})
+	go s.eventLoop(ctx, c.events, c.loopDone)
+	return c.events
+}
+
+// eventLoop keeps one NextEvent call in flight and forwards what it gets,
+// until ctx ends or the agent session does.
+func (s *Sandbox) eventLoop(ctx context.Context, events chan<- Event, done chan<- struct{}) {
+	defer close(done)
+	defer close(events)
+	for {
+		e, err := s.agent.NextEvent(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errdefs.IsUnavailable(err) {
+				return
+			}
+			if errdefs.IsNotImplemented(err) {
+				log.G(ctx).WithError(err).Warn("guest agent sends no events; OOM kills are not reported")
+				return
+			}
+			log.G(ctx).WithError(err).Warn("guest events")
+			t := time.NewTimer(eventRetry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		var ev Event
+		switch e.Kind {
+		case agent.EventOOM:
+			ev = Event{Kind: EventOOM, ContainerID: e.ContainerID}
+		default:
+			log.G(ctx).WithField("container", e.ContainerID).Debug("unknown guest event dropped")
+			continue
+		}
+		select {
+		case events <- ev:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// closeContainers ends the event loop and gives back the rootfs of every
+// container left; the VM is gone, and its disks with it. Idempotent.
+func (s *Sandbox) closeContainers(ctx context.Context) error {
+	c := &s.containers
+	c.mu.Lock()
+	c.closed = true
+	stop, done := c.stopLoop, c.loopDone
+	c.stopLoop = nil
+	// A container being created or deleted is left to that call, which
+	// fails now that the agent is gone and undoes its own work.
+	left := make([]*container, 0, len(c.byID))
+	for id, ct := range c.byID {
+		if !ct.busy {
+			left = append(left, ct)
+			delete(c.byID, id)
+		}
+	}
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+	var errs []error
+	for _, ct := range left {
+		ct.disks = nil
+		if err := s.releaseContainer(ctx, nil, ct); err != nil {
+			errs = append(errs, fmt.Errorf("container %s: %w", ct.id, err))
+		}
+	}
+	if s.containersDir != "" {
+		if err := os.RemoveAll(s.containersDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
