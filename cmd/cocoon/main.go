@@ -83,13 +83,18 @@ func main() {
 			},
 			{
 				Name:  "gc",
-				Usage: "remove the state of sandboxes whose VM is gone",
+				Usage: "remove the state of sandboxes whose VM is gone, then unused layer images",
 				Action: func(c *cli.Context) error {
 					env, err := admin.LoadEnv(c.String("config"))
 					if err != nil {
 						return err
 					}
-					return env.GC(c.Context, os.Stdout)
+					// Sandboxes first: a dead sandbox keeps its layers
+					// referenced until its directories are gone.
+					if err := env.GC(c.Context, os.Stdout); err != nil {
+						return err
+					}
+					return env.GCLayers(c.Context, os.Stdout)
 				},
 			},
 			{

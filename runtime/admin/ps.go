@@ -105,6 +105,45 @@ func (e *Env) GC(ctx context.Context, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "removed stale sandbox %s\n", s.Dir)
 	}
+	if err := e.gcContainerDirs(w); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// gcContainerDirs removes the persistent container directories (scratch
+// disks, layer references) of sandboxes that no longer have state: a
+// sandbox that crashed and was cleaned up by `shim delete` or by GC
+// leaves them, and they keep their layers referenced.
+func (e *Env) gcContainerDirs(w io.Writer) error {
+	root := filepath.Join(e.Config.Runtime.DataDir, sandbox.ContainersDirName)
+	nss, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ns := range nss {
+		ids, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, id := range ids {
+			state := filepath.Join(e.Config.Runtime.StateDir, ns.Name(), id.Name())
+			if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+				continue // the sandbox exists (or cannot be told apart): keep
+			}
+			dir := filepath.Join(root, ns.Name(), id.Name())
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fmt.Fprintf(w, "removed containers of gone sandbox %s\n", dir)
+		}
+	}
 	return errors.Join(errs...)
 }
 
