@@ -32,7 +32,7 @@ bin/cocoon-agent: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(AGENT_LDFLAGS)' -o $@ ./cmd/cocoon-agent
 
 guest: bin/cocoon-agent
-	guest/image/build.sh bin/cocoon-agent $(GUEST_DIR)
+	bash guest/image/build.sh bin/cocoon-agent $(GUEST_DIR)
 
 install: build guest
 	install -D -m 0755 bin/cocoon $(PREFIX)/bin/cocoon
@@ -67,7 +67,7 @@ test-integration:
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
 
 bench: build guest
-	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) $(GO) run ./bench -out bench/results/latest.json
+	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) $(GO) run -ldflags '$(LDFLAGS)' ./bench -out bench/results/latest.json
 
 proto:
 	cd guest/api && $(GO) generate ./...

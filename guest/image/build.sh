@@ -1,0 +1,115 @@
+#!/bin/bash
+# build.sh: build Cocoon's guest image: kernel (cached) + initrd + manifest.
+#
+# Usage: guest/image/build.sh <agent-binary> <outdir>
+#   e.g. guest/image/build.sh bin/cocoon-agent build/guest
+#
+# Writes <outdir>/vmlinux, <outdir>/initrd.img, <outdir>/manifest.json.
+# Idempotent and reproducible: the same inputs give byte-identical outputs
+# (the kernel is cached under ${COCOON_CACHE:-/var/cache/cocoon}/kernel/).
+#
+# Environment:
+#   COCOON_CACHE               cache root (default /var/cache/cocoon)
+#   COCOON_INITRD_COMPRESSION  none (default, measured fastest) or lz4
+#   COCOON_RUNC_VERSION        Debian runc version to ship (default: apt candidate)
+#   SOURCE_DATE_EPOCH          mtime of every initrd entry (default 0)
+#   COCOON_NO_APT=1            never call apt-get
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+die() { echo "build.sh: error: $*" >&2; exit 1; }
+log() { echo "build.sh: $*" >&2; }
+
+[ $# -eq 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+AGENT="$1" OUTDIR="$2"
+[ -f "$AGENT" ] || die "agent binary not found: $AGENT (build it first: make build)"
+[ -x "$AGENT" ] || die "agent binary is not executable: $AGENT"
+COMP="${COCOON_INITRD_COMPRESSION:-none}"
+case "$COMP" in none|lz4) ;; *) die "COCOON_INITRD_COMPRESSION must be none or lz4" ;; esac
+need=()
+command -v jq >/dev/null || need+=(jq)
+command -v readelf >/dev/null || need+=(binutils)
+command -v dpkg-deb >/dev/null || need+=(dpkg)
+[ "$COMP" = lz4 ] && ! command -v lz4 >/dev/null && need+=(lz4)
+if [ ${#need[@]} -gt 0 ]; then
+	[ "${COCOON_NO_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ] || die "missing tools; install: ${need[*]}"
+	log "installing ${need[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
+		die "could not install ${need[*]}"
+fi
+# PID 1 of the guest: must be an x86-64 ELF executable; a static one, since the
+# only shared libraries in the image are runc's (glibc, libseccomp).
+hdr="$(readelf -h "$AGENT" 2>/dev/null)" || die "agent is not an ELF file: $AGENT"
+grep -q 'X86-64' <<<"$hdr" || die "agent is not an x86-64 binary: $AGENT"
+if readelf -l "$AGENT" 2>/dev/null | grep -q 'program interpreter'; then
+	log "warning: $AGENT is dynamically linked; the guest has only glibc and libseccomp (build it with CGO_ENABLED=0)"
+fi
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-0}"
+
+T0=$(date +%s)
+KOUT="$("$HERE/kernel.sh")" || die "kernel build failed (see messages above)"
+KDIR="${KOUT##*$'\n'}"
+[ -s "$KDIR/vmlinux" ] || die "kernel.sh did not produce a kernel"
+
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+TMP="$(mktemp -d "$OUTDIR/.build.XXXXXX")"
+trap 'rm -rf "$TMP"' EXIT
+
+"$HERE/initrd.sh" --agent "$AGENT" --gen-init-cpio "$KDIR/gen_init_cpio" \
+	--out "$TMP/initrd.img" --compression "$COMP" --info "$TMP/info"
+# shellcheck disable=SC1091
+. "$TMP/info"
+cp "$KDIR/vmlinux" "$TMP/vmlinux"
+
+sha() { sha256sum "$1" | cut -c1-64; }
+KREL="$(cat "$KDIR/kernel.release")"
+KVER="${KREL%%-*}"
+# The recommended command line (measured, see README.md). The host appends,
+# at run time, under TCG only:
+#   noapictimer noreplace-smp tsc=reliable tsc_early_khz=<host TSC kHz> lpj=<tsc_khz*1000/HZ>
+# (HZ=100, so lpj = tsc_khz * 10). Under KVM nothing is appended.
+CMDLINE="console=ttyS0 reboot=t panic=-1 quiet no_timer_check"
+TCG_APPEND="noapictimer noreplace-smp tsc=reliable tsc_early_khz={tsc_khz} lpj={lpj}"
+HZ="$(sed -n 's/^CONFIG_HZ=//p' "$KDIR/config")"
+
+jq -n --sort-keys \
+	--arg ksha "$(sha "$TMP/vmlinux")" --arg kver "$KVER" --arg krel "$KREL" \
+	--arg ksrc "$(cat "$KDIR/source-version")" --arg cmdline "$CMDLINE" \
+	--arg kcfg "$(sha "$KDIR/config")" \
+	--arg isha "$(sha "$TMP/initrd.img")" --arg comp "$COMP" \
+	--argjson isize "$(stat -c %s "$TMP/initrd.img")" \
+	--arg runc "$RUNC_VERSION" --arg runcsha "$RUNC_SHA256" --arg libs "$RUNC_LIBS" \
+	--arg asha "$(sha "$AGENT")" --arg tcgappend "$TCG_APPEND" --argjson hz "${HZ:-100}" \
+	'{
+	  schema: 1,
+	  kernel: {
+	    path: "vmlinux", sha256: $ksha, version: $kver, release: $krel,
+	    source: $ksrc, config_sha256: $kcfg, format: "elf-pvh", hz: $hz,
+	    cmdline: $cmdline,
+	    modules: false
+	  },
+	  initrd: { path: "initrd.img", sha256: $isha, compression: $comp, size: $isize },
+	  components: {
+	    runc: $runc, runc_sha256: $runcsha, agent_sha256: $asha,
+	    libraries: ($libs | split(" ") | map(select(length > 0) | split("=") | {(.[0]): .[1]}) | add)
+	  },
+	  boot: {
+	    machine: "microvm,acpi=off",
+	    cpu_tcg: "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+rdrand",
+	    cpu_kvm: "host",
+	    cmdline_append_tcg: $tcgappend,
+	    cmdline_append_kvm: "",
+	    lpj: "tsc_khz * 1000 / hz",
+	    shutdown: "guest reboot(2) with reboot=t; run qemu with -no-reboot",
+	    agent_port_name: "io.cocoon.agent.0"
+	  }
+	}' > "$TMP/manifest.json"
+
+# Publish: files first, the manifest last (a reader that sees a manifest sees
+# the files it describes).
+mv -f "$TMP/vmlinux" "$OUTDIR/vmlinux"
+mv -f "$TMP/initrd.img" "$OUTDIR/initrd.img"
+mv -f "$TMP/manifest.json" "$OUTDIR/manifest.json"
+log "done in $(( $(date +%s) - T0 ))s: $OUTDIR/{vmlinux,initrd.img,manifest.json}"
+log "kernel $KREL sha256 $(sha "$OUTDIR/vmlinux" | cut -c1-16)..., initrd ($COMP) sha256 $(sha "$OUTDIR/initrd.img" | cut -c1-16)..."
