@@ -92,7 +92,8 @@ func (s *Service) StartProcess(ctx context.Context, req *api.StartProcessRequest
 	if err != nil {
 		pio.closeFiles()
 		streams.closeAll()
-		return nil, fmt.Errorf("start process %s: %w", req.Id, err)
+		// The host names the process in its own error.
+		return nil, err
 	}
 	p := &process{id: req.Id, child: child, stdio: pio, exited: make(chan struct{})}
 	pio.start()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -65,22 +66,11 @@ func (LinuxSystem) SetHostname(name string) error {
 	return unix.Sethostname([]byte(name))
 }
 
-// PowerOff runs Halt, or syncs and powers off.
+// PowerOff runs Halt; without one it refuses, so that an agent that is
+// not the guest's init can never stop the machine it runs on.
 func (l LinuxSystem) PowerOff() error {
-	if l.Halt != nil {
-		return l.Halt()
+	if l.Halt == nil {
+		return errors.New("power off: no halt function configured")
 	}
-	unix.Sync()
-	return reboot()
-}
-
-// reboot powers the guest off; if the kernel refuses, it resets it
-// instead, which ends a VM run with -no-reboot just as well. It returns
-// only if both fail.
-func reboot() error {
-	err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
-	if rerr := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); rerr != nil {
-		return fmt.Errorf("power off: %v; restart: %w", err, rerr)
-	}
-	return nil
+	return l.Halt()
 }

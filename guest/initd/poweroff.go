@@ -4,7 +4,6 @@ package initd
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -32,9 +31,12 @@ func PowerOff() error {
 		}
 	}
 	unix.Sync()
-	err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
-	if rerr := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); rerr != nil {
-		return errors.Join(fmt.Errorf("power off: %w", err), fmt.Errorf("restart: %w", rerr))
+	// A reset, not a power-off: the guest kernel has no ACPI, so a
+	// power-off would only halt the CPUs and leave QEMU running. QEMU
+	// runs with -no-reboot and the kernel with reboot=t, so the reset (a
+	// triple fault) ends QEMU at once.
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART); err != nil {
+		return fmt.Errorf("restart: %w", err)
 	}
 	return nil
 }

@@ -175,44 +175,31 @@ func clampNs(ns uint64) int64 {
 }
 
 // WaitReady pings the agent until it answers or ctx ends, and returns its
-// first answer. Each attempt has a short timeout of its own, so a ping
-// written before the agent listened does not hold up the next. Callers
-// bound ctx by the sandbox start deadline and also watch the VM exit.
+// first answer. Callers bound ctx by the sandbox start deadline and also
+// watch the VM exit.
+//
+// A ping is never lost to a guest that is still booting: on virtio-serial,
+// what the host writes waits in the port until the agent opens it, and a
+// vsock connection exists only once the agent listens. So one ping is
+// given the whole deadline instead of short attempts whose late replies
+// ttrpc would log as errors; only a ping that fails outright (not a slow
+// guest) is retried, paced so that it cannot spin.
 func (c *Client) WaitReady(ctx context.Context) (GuestInfo, error) {
-	// Attempts start at 1 s and grow to 4 s: a reply that arrives after
-	// its attempt gave up is only logged by ttrpc, but one per attempt
-	// would flood the log of a slow (emulated) boot.
-	attempt := time.Second
-	var last error
+	const pace = 50 * time.Millisecond
 	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
-		start := time.Now()
-		info, err := c.Ping(actx)
-		cancel()
+		info, err := c.Ping(ctx)
 		if err == nil {
 			return info, nil
 		}
-		last = err
+		t := time.NewTimer(pace)
 		select {
 		case <-ctx.Done():
-			return GuestInfo{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), last)
-		case <-c.Done():
-			return GuestInfo{}, fmt.Errorf("agent not ready: connection closed: %w", errdefs.ErrUnavailable)
-		default:
-		}
-		// An attempt that failed before its timeout (not a silent
-		// guest) is paced so that it cannot spin.
-		if rest := attempt - time.Since(start); rest > 0 {
-			t := time.NewTimer(rest)
-			select {
-			case <-ctx.Done():
-			case <-c.Done():
-			case <-t.C:
-			}
 			t.Stop()
-		}
-		if attempt < 4*time.Second {
-			attempt *= 2
+			return GuestInfo{}, fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-c.Done():
+			t.Stop()
+			return GuestInfo{}, fmt.Errorf("agent not ready: connection closed: %w", errdefs.ErrUnavailable)
+		case <-t.C:
 		}
 	}
 }
