@@ -24,8 +24,8 @@ type bootSamples struct {
 }
 
 type memSamples struct {
-	rss, pss, overhead []float64
-	accel, channel     string
+	rss, pss, overhead, shared []float64
+	accel, channel             string
 }
 
 // benchBoot boots n sandboxes one after another. Each one runs `true`,
@@ -52,7 +52,7 @@ func benchBoot(ctx context.Context, env *admin.Env, n int) (bootSamples, memSamp
 		// Memory of an idle guest: give the guest a moment to settle
 		// after boot, as a container's VM would be between requests.
 		time.Sleep(500 * time.Millisecond)
-		rss, pss, ram, err := qemuMemory(sb.VM().PID(), env.Config.Hypervisor.MemoryMiB)
+		mem, err := qemuMemory(sb.VM().PID(), env.Config.Hypervisor.MemoryMiB)
 		stopStart := time.Now()
 		if serr := sb.Stop(ctx); serr != nil && err == nil {
 			err = serr
@@ -62,28 +62,40 @@ func benchBoot(ctx context.Context, env *admin.Env, n int) (bootSamples, memSamp
 		}
 		b.ready = append(b.ready, ms(sb.ReadyIn))
 		b.total = append(b.total, ms(ran+time.Since(stopStart)))
-		m.rss = append(m.rss, rss)
-		m.pss = append(m.pss, pss)
-		m.overhead = append(m.overhead, rss-ram)
+		m.rss = append(m.rss, mem.rss)
+		m.pss = append(m.pss, mem.pss)
+		m.overhead = append(m.overhead, mem.anon-mem.ramAnon)
+		m.shared = append(m.shared, mem.rss-mem.anon)
 	}
 	return b, m, nil
 }
 
-// qemuMemory reads a QEMU process's RSS and PSS and the resident part of
-// its guest RAM mapping, in MiB. Guest RAM is the anonymous mapping of the
-// configured memory size; what QEMU holds beyond it is the overhead that a
-// VM costs the host outside guest RAM.
-func qemuMemory(pid, memMiB int) (rss, pss, ram float64, err error) {
+// vmMemory is what one QEMU process holds, in MiB.
+type vmMemory struct {
+	// rss and pss of the whole process.
+	rss, pss float64
+	// anon is its anonymous memory: what no other process shares.
+	anon float64
+	// ramAnon is the anonymous part of the guest RAM mapping.
+	ramAnon float64
+}
+
+// qemuMemory reads a QEMU process's memory from /proc/<pid>/smaps. Guest
+// RAM is the anonymous mapping of the configured memory size. The cost of
+// a VM to the host beyond its guest RAM is QEMU's anonymous memory outside
+// that mapping (translation cache, heap, device state); the kernel and
+// initrd files, QEMU's binary and libraries are page cache that every VM
+// shares, reported apart (rss - anon) and reclaimable under pressure.
+func qemuMemory(pid, memMiB int) (vmMemory, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
-		return 0, 0, 0, err
+		return vmMemory{}, err
 	}
 	var inRAM bool
-	var rssKB, pssKB, ramKB int64
+	var rssKB, pssKB, anonKB, ramKB int64
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
-		line := sc.Text()
-		f := strings.Fields(line)
+		f := strings.Fields(sc.Text())
 		if len(f) == 0 {
 			continue
 		}
@@ -91,28 +103,27 @@ func qemuMemory(pid, memMiB int) (rss, pss, ram float64, err error) {
 			inRAM = false
 			continue
 		}
-		val := func() int64 {
-			if len(f) < 2 {
-				return 0
-			}
-			v, _ := strconv.ParseInt(f[1], 10, 64)
-			return v
+		var v int64
+		if len(f) >= 2 {
+			v, _ = strconv.ParseInt(f[1], 10, 64)
 		}
 		switch f[0] {
 		case "Size:":
 			// Allow QEMU's alignment slack around the RAM block.
-			sz := val()
-			inRAM = sz >= int64(memMiB)*1024 && sz <= int64(memMiB)*1024+4096
+			inRAM = v >= int64(memMiB)*1024 && v <= int64(memMiB)*1024+4096
 		case "Rss:":
-			rssKB += val()
-			if inRAM {
-				ramKB += val()
-			}
+			rssKB += v
 		case "Pss:":
-			pssKB += val()
+			pssKB += v
+		case "Anonymous:":
+			anonKB += v
+			if inRAM {
+				ramKB += v
+			}
 		}
 	}
-	return float64(rssKB) / 1024, float64(pssKB) / 1024, float64(ramKB) / 1024, sc.Err()
+	mib := func(kb int64) float64 { return float64(kb) / 1024 }
+	return vmMemory{rss: mib(rssKB), pss: mib(pssKB), anon: mib(anonKB), ramAnon: mib(ramKB)}, sc.Err()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -150,11 +150,23 @@ func TestBootFailures(t *testing.T) {
 		},
 		want: `vmlinux.*no such file`,
 	}, {
+		// Caught before QEMU starts: QEMU would run random bytes as code.
 		name: "kernel is garbage",
 		mutate: func(dir string, m *image.Manifest) {
 			os.WriteFile(filepath.Join(dir, m.Kernel.Path), bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef}, 4096), 0o644)
 		},
-		want: `(?i)qemu`,
+		want: `vmlinux is neither an ELF vmlinux nor a bzImage`,
+	}, {
+		// Shaped like a bzImage, so QEMU itself must refuse it, and its
+		// words must reach the user.
+		name: "kernel refused by qemu",
+		mutate: func(dir string, m *image.Manifest) {
+			b := make([]byte, 64<<10)
+			copy(b[0x202:], "HdrS")
+			b[0x206], b[0x207] = 0x00, 0x01 // boot protocol 1.00: too old for an initrd
+			os.WriteFile(filepath.Join(dir, m.Kernel.Path), b, 0o644)
+		},
+		want: `qemu stderr: .*kernel`,
 	}, {
 		name: "initrd without an agent",
 		mutate: func(dir string, m *image.Manifest) {

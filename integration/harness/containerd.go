@@ -1,0 +1,299 @@
+// Package harness starts private containerd instances (1.6 from Debian,
+// 2.4 built from source) and drives them with their own ctr, for the
+// integration tests. Each instance has its root, state, sockets and log
+// under the test's temporary directory, CRI disabled, and Cocoon's shim
+// on its PATH; nothing of the host's containerd is touched.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The containerd builds the harness knows. COCOON_CONTAINERD_16,
+// COCOON_CONTAINERD_17 and COCOON_CONTAINERD_24 override the bin
+// directories (1.7 has no default: build it with `go build ./cmd/containerd
+// ./cmd/ctr` in a copy of github.com/containerd/containerd@v1.7.x).
+var builds = map[string]struct {
+	// dir holds containerd and ctr.
+	dir    string
+	envVar string
+	// configVersion is the config schema the build reads.
+	configVersion int
+	// disabled are the plugins turned off for speed: CRI and its parts.
+	disabled []string
+}{
+	"1.6": {"/usr/bin", "COCOON_CONTAINERD_16", 2, []string{"io.containerd.grpc.v1.cri"}},
+	"1.7": {"/opt/cocoon-test/containerd-1.7/bin", "COCOON_CONTAINERD_17", 2, []string{"io.containerd.grpc.v1.cri", "io.containerd.nri.v1.nri"}},
+	"2.4": {"/opt/cocoon-test/containerd-2.4/bin", "COCOON_CONTAINERD_24", 3, []string{
+		"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images",
+		"io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.sandbox.controller.v1.shim",
+		"io.containerd.nri.v1.nri",
+	}},
+}
+
+// Containerd is a running private containerd.
+type Containerd struct {
+	// Version is "1.6", "1.7" or "2.4".
+	Version string
+	// Dir holds everything of this instance: config, root, state, log.
+	Dir string
+	// Address is the gRPC socket; Namespace the namespace Ctr uses.
+	Address   string
+	Namespace string
+	// Bin holds the containerd and ctr binaries; ShimDir the shim.
+	Bin     string
+	ShimDir string
+	// Env is added to containerd's environment (and so the shims').
+	Env []string
+
+	t   testing.TB
+	cmd *exec.Cmd
+	// exited is closed when containerd has exited.
+	exited chan struct{}
+}
+
+// Option changes how StartContainerd starts containerd.
+type Option func(*Containerd)
+
+// WithEnv adds KEY=VALUE settings to containerd's environment, which its
+// shims inherit (COCOON_* configuration, for example).
+func WithEnv(kv ...string) Option {
+	return func(c *Containerd) { c.Env = append(c.Env, kv...) }
+}
+
+// WithShimDir puts dir (holding containerd-shim-cocoon-v2) first on
+// containerd's PATH instead of the default (see ShimDir).
+func WithShimDir(dir string) Option {
+	return func(c *Containerd) { c.ShimDir = dir }
+}
+
+// StartContainerd starts a private containerd of the given version ("1.6",
+// "1.7" or "2.4") and stops it when the test ends, failing the test if it
+// cannot. Its log is printed if the test failed.
+func StartContainerd(t testing.TB, version string, opts ...Option) *Containerd {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("containerd needs root")
+	}
+	b, ok := builds[version]
+	if !ok {
+		t.Fatalf("containerd %q: want 1.6, 1.7 or 2.4", version)
+	}
+	bin := b.dir
+	if d := os.Getenv(b.envVar); d != "" {
+		bin = d
+	}
+	if _, err := os.Stat(filepath.Join(bin, "containerd")); err != nil {
+		t.Skipf("containerd %s is not installed in %s (set %s): %v", version, bin, b.envVar, err)
+	}
+	// Short: unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "ctrd"+strings.ReplaceAll(version, ".", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{
+		Version:   version,
+		Dir:       dir,
+		Address:   filepath.Join(dir, "c.sock"),
+		Namespace: "cocoon-test",
+		Bin:       bin,
+		t:         t,
+		exited:    make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.ShimDir == "" {
+		c.ShimDir = ShimDir(t)
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(c.config(b.configVersion, b.disabled)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, "containerd"), "--config", cfg)
+	cmd.Env = append(os.Environ(), c.Env...)
+	cmd.Env = append(cmd.Env, "PATH="+c.ShimDir+":"+bin+":"+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group, so a test's end never leaves it behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start containerd %s: %v", version, err)
+	}
+	c.cmd = cmd
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(c.exited)
+	}()
+	t.Cleanup(c.stop)
+	if err := c.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("containerd %s: %v\n%s", version, err, c.Log())
+	}
+	return c
+}
+
+// config is the containerd configuration of this instance.
+func (c *Containerd) config(version int, disabled []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = %d\n", version)
+	fmt.Fprintf(&b, "root = %q\nstate = %q\n", filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"))
+	fmt.Fprintf(&b, "disabled_plugins = [%s]\n", quoteList(disabled))
+	fmt.Fprintf(&b, "[grpc]\n  address = %q\n", c.Address)
+	fmt.Fprintf(&b, "[ttrpc]\n  address = %q\n", c.Address+".ttrpc")
+	fmt.Fprintf(&b, "[debug]\n  level = \"debug\"\n")
+	return b.String()
+}
+
+func quoteList(l []string) string {
+	q := make([]string, len(l))
+	for i, s := range l {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(q, ", ")
+}
+
+// waitReady waits until containerd answers ctr.
+func (c *Containerd) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-c.exited:
+			return fmt.Errorf("containerd exited during start-up")
+		default:
+		}
+		if conn, err := net.Dial("unix", c.Address); err == nil {
+			conn.Close()
+			if _, err := c.Ctr("version"); err == nil {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready after %v", timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop ends containerd (SIGTERM, then SIGKILL) and removes its directory,
+// printing its log first if the test failed. Shims keep running when
+// containerd stops; stop kills the ones of this instance too.
+func (c *Containerd) stop() {
+	if c.t.Failed() {
+		c.t.Logf("containerd %s log:\n%s", c.Version, c.Log())
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.exited
+	}
+	c.killShims()
+	_ = exec.Command("umount", "-R", "-l", c.Dir).Run()
+	if err := os.RemoveAll(c.Dir); err != nil {
+		c.t.Logf("remove %s: %v", c.Dir, err)
+	}
+}
+
+// killShims ends the shims left by this instance's tests (their -address
+// is this instance's socket): a shim finishing its shutdown (stopping its
+// VM) gets time to do so, then SIGTERM, then SIGKILL.
+func (c *Containerd) killShims() {
+	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) && len(ShimPIDs(c.Address)) > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		pids := ShimPIDs(c.Address)
+		if len(pids) == 0 {
+			return
+		}
+		if sig != 0 {
+			c.t.Logf("shims %v still running at the end of the test: %v", pids, sig)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
+}
+
+// ShimPIDs lists the pids of the Cocoon shims started by the containerd at
+// address.
+func ShimPIDs(address string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-cocoon-v2" {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-address" && args[i+1] == address {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// Log is containerd's log so far.
+func (c *Containerd) Log() string {
+	data, _ := os.ReadFile(filepath.Join(c.Dir, "containerd.log"))
+	return string(data)
+}
+
+// CtrCommand returns a ctr command against this instance in its
+// namespace, bound to ctx.
+func (c *Containerd) CtrCommand(ctx context.Context, args ...string) *exec.Cmd {
+	full := append([]string{"--address", c.Address, "--namespace", c.Namespace}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Bin, "ctr"), full...)
+	cmd.Env = append(os.Environ(), c.Env...)
+	return cmd
+}
+
+// Ctr runs ctr with args (2 minutes at most) and returns its stdout. On
+// failure the error carries stderr, and wraps the *exec.ExitError.
+func (c *Containerd) Ctr(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, stderr bytes.Buffer
+	cmd := c.CtrCommand(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	err := cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("ctr %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return out.String(), err
+}
+
+// MustCtr is Ctr that fails the test on error.
+func (c *Containerd) MustCtr(args ...string) string {
+	c.t.Helper()
+	out, err := c.Ctr(args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}

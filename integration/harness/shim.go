@@ -1,0 +1,61 @@
+package harness
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// ShimBinary is the shim's file name; containerd finds it on its PATH.
+const ShimBinary = "containerd-shim-cocoon-v2"
+
+var (
+	buildOnce sync.Once
+	builtDir  string
+	buildErr  error
+)
+
+// ShimDir returns a directory holding the shim under test: $COCOON_BIN if
+// it has one (make test-integration sets it to bin/), else a fresh build
+// of this tree's cmd/containerd-shim-cocoon-v2, made once per test binary.
+func ShimDir(t testing.TB) string {
+	t.Helper()
+	if d := os.Getenv("COCOON_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, ShimBinary)); err == nil {
+			return d
+		}
+	}
+	buildOnce.Do(func() { builtDir, buildErr = buildShim() })
+	if buildErr != nil {
+		t.Fatalf("build the shim: %v", buildErr)
+	}
+	return builtDir
+}
+
+func buildShim() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	dir, err := os.MkdirTemp("", "cocoon-shim-bin")
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, ShimBinary), "./cmd/containerd-shim-cocoon-v2")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", &buildError{err: err, out: string(out)}
+	}
+	return dir, nil
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
