@@ -133,7 +133,7 @@ func hostInfo() Host {
 
 func printTable(rep Report) {
 	fmt.Printf("cocoon %s on %d cpus (%s), accel %s, channel %s\n\n", rep.Version, rep.Host.CPUs, rep.Host.Model, rep.Accel, rep.Channel)
-	fmt.Printf("%-42s %12s %12s %8s  %s\n", "figure", "cocoon", "runc", "ratio", "target")
+	fmt.Printf("%-52s %12s %12s %8s  %s\n", "figure", "cocoon", "runc", "ratio", "target")
 	for _, r := range rep.Results {
 		runc, ratio := "-", "-"
 		if r.Runc != nil {
@@ -142,7 +142,7 @@ func printTable(rep Report) {
 				ratio = fmt.Sprintf("%.1fx", r.Median / *r.Runc)
 			}
 		}
-		fmt.Printf("%-42s %12s %12s %8s  %s\n", r.Name, fmt.Sprintf("%.1f %s", r.Median, r.Unit), runc, ratio, r.Target)
+		fmt.Printf("%-52s %12s %12s %8s  %s\n", r.Name, fmt.Sprintf("%.1f %s", r.Median, r.Unit), runc, ratio, r.Target)
 	}
 	if rep.RuncNote != "" {
 		fmt.Println("\n" + rep.RuncNote)
