@@ -18,7 +18,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils runc containerd erofs-utils e2fsprogs
 
 all: build
 
-build: bin/cocoon bin/cocoon-agent
+build: bin/cocoon bin/cocoon-agent bin/containerd-shim-cocoon-v2
 
 # Every package's sources: Go's own caching makes rebuilding cheap, so
 # binaries are rebuilt whenever anything under the tree changes.
@@ -26,6 +26,9 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go
 
 bin/cocoon: $(GO_SOURCES)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/cocoon
+
+bin/containerd-shim-cocoon-v2: $(GO_SOURCES)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/containerd-shim-cocoon-v2
 
 # The agent is PID 1 in the guest: static, no cgo.
 bin/cocoon-agent: $(GO_SOURCES)
@@ -36,6 +39,7 @@ guest: bin/cocoon-agent
 
 install: build guest
 	install -D -m 0755 bin/cocoon $(PREFIX)/bin/cocoon
+	install -D -m 0755 bin/containerd-shim-cocoon-v2 $(PREFIX)/bin/containerd-shim-cocoon-v2
 	install -d -m 0755 $(SHARE_DIR)
 	install -m 0644 $(GUEST_DIR)/vmlinux $(GUEST_DIR)/initrd.img $(GUEST_DIR)/manifest.json $(SHARE_DIR)/
 

@@ -21,8 +21,10 @@ import (
 
 // The containerd builds the harness knows. COCOON_CONTAINERD_16,
 // COCOON_CONTAINERD_17 and COCOON_CONTAINERD_24 override the bin
-// directories (1.7 has no default: build it with `go build ./cmd/containerd
-// ./cmd/ctr` in a copy of github.com/containerd/containerd@v1.7.x).
+// directories. A version that is not installed is skipped. 1.7 is not
+// packaged: build it with `go build -mod=mod -o <dir>/ ./cmd/containerd
+// ./cmd/ctr` in a writable copy of github.com/containerd/containerd@v1.7.30
+// from the module cache.
 var builds = map[string]struct {
 	// dir holds containerd and ctr.
 	dir    string

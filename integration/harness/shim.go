@@ -41,8 +41,9 @@ func buildShim() (string, error) {
 		return "", err
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
-	dir, err := os.MkdirTemp("", "cocoon-shim-bin")
-	if err != nil {
+	// One fixed directory, rebuilt by each test binary: nothing piles up.
+	dir := filepath.Join(os.TempDir(), "cocoon-shim-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, ShimBinary), "./cmd/containerd-shim-cocoon-v2")

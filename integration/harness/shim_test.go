@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -27,8 +28,8 @@ import (
 
 const runtimeName = "io.containerd.cocoon.v2"
 
-// versions are the containerds tested; 1.7 only if built
-// (COCOON_CONTAINERD_17: a directory with containerd and ctr v1.7.x).
+// versions are the containerds tested; one that is not installed is
+// skipped (see harness.StartContainerd for where each is looked for).
 var versions = []string{"1.6", "1.7", "2.4"}
 
 // shimEnv gives the shims private state and data directories and an empty
@@ -71,11 +72,10 @@ func assertNoSandbox(t *testing.T, stateDir string) {
 	}
 }
 
+// startContainerd starts containerd version; StartContainerd skips the
+// test if that version is not installed.
 func startContainerd(t *testing.T, version string, opts ...harness.Option) *harness.Containerd {
 	t.Helper()
-	if version == "1.7" && os.Getenv("COCOON_CONTAINERD_17") == "" {
-		t.Skip("containerd 1.7 not built (set COCOON_CONTAINERD_17)")
-	}
 	return harness.StartContainerd(t, version, opts...)
 }
 
@@ -87,6 +87,7 @@ func TestShimRun(t *testing.T) {
 			opts, _ := shimEnv(t)
 			c := startContainerd(t, v, opts...)
 			img := harness.ImportBusybox(t, c)
+			events := watchEvents(t, c)
 			var stdout, stderr bytes.Buffer
 			cmd := c.CtrCommand(context.Background(), "run", "--rm", "--runtime", runtimeName, img, "run1",
 				"/bin/sh", "-c", "uname -r; echo to-stderr >&2; exit 3")
@@ -107,11 +108,15 @@ func TestShimRun(t *testing.T) {
 				t.Errorf("stderr %q: want the process's stderr there and only there", stderr.String())
 			}
 			waitNoShim(t, c)
+			want := []string{"/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete"}
+			if got := events(); !reflect.DeepEqual(got, want) {
+				t.Errorf("containerd received task events %v, want %v", got, want)
+			}
 			// Which bootstrap protocol start detected (its log line).
-			want := map[string]string{"1.6": "bare address", "1.7": "json", "2.4": "bootstrap protobuf"}[v]
+			wantProto := map[string]string{"1.6": "bare address", "1.7": "json", "2.4": "bootstrap protobuf"}[v]
 			m := regexp.MustCompile(`msg="shim start".*protocol="([^"]*)"`).FindStringSubmatch(c.Log())
-			if m == nil || !strings.HasPrefix(m[1], want) {
-				t.Errorf("containerd %s: start detected %v, want %q", v, m, want)
+			if m == nil || !strings.HasPrefix(m[1], wantProto) {
+				t.Errorf("containerd %s: start detected %v, want %q", v, m, wantProto)
 			} else {
 				t.Logf("containerd %s: start answered in %s", v, m[1])
 			}
@@ -132,6 +137,12 @@ func TestShimLifecycle(t *testing.T) {
 			waitStatus(t, c, "life", "RUNNING")
 			if out := c.MustCtr("task", "exec", "--exec-id", "e1", "life", "/bin/echo", "from-exec"); strings.TrimSpace(out) != "from-exec" {
 				t.Errorf("exec output %q", out)
+			}
+			var catOut bytes.Buffer
+			cat := c.CtrCommand(context.Background(), "task", "exec", "--exec-id", "e2", "life", "/bin/cat")
+			cat.Stdin, cat.Stdout = strings.NewReader("through stdin\n"), &catOut
+			if err := cat.Run(); err != nil || catOut.String() != "through stdin\n" {
+				t.Errorf("exec cat with stdin: %q, %v", catOut.String(), err)
 			}
 			if out := c.MustCtr("task", "ps", "life"); !regexp.MustCompile(`(?m)^\s*\d+\s`).MatchString(out) {
 				t.Errorf("task ps lists no process:\n%s", out)
@@ -219,6 +230,33 @@ func TestShimKilled(t *testing.T) {
 			c.Ctr("task", "rm", "-f", "victim")
 			c.MustCtr("container", "rm", "victim")
 		})
+	}
+}
+
+// watchEvents subscribes to containerd's events with ctr; the returned
+// func stops and returns the task topics seen, in order.
+func watchEvents(t *testing.T, c *harness.Containerd) func() []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	cmd := c.CtrCommand(ctx, "events")
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // subscribed
+	t.Cleanup(cancel)
+	return func() []string {
+		time.Sleep(300 * time.Millisecond) // the last event arrived
+		cancel()
+		_ = cmd.Wait()
+		var topics []string
+		for _, f := range strings.Fields(out.String()) {
+			if strings.HasPrefix(f, "/tasks/") {
+				topics = append(topics, f)
+			}
+		}
+		return topics
 	}
 }
 

@@ -1,0 +1,109 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonrt/cocoon/shim/stdio"
+)
+
+// Create creates a container in the sandbox; the first one boots the VM.
+func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*taskapi.CreateTaskResponse, error) {
+	if r.Checkpoint != "" {
+		return nil, errdefs.ErrNotImplemented.WithMessage("restoring a task from a checkpoint is not implemented yet in cocoon")
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.reserve(r.ID); err != nil {
+		return nil, err
+	}
+	defer s.unreserve(r.ID)
+	p, pio, err := s.create(ctx, r, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &taskapi.CreateTaskResponse{Pid: s.commitCreate(r, p, pio)}, nil
+}
+
+// reserve claims a container id for a Create in flight.
+func (s *Service) reserve(id string) error {
+	if id == "" {
+		return fmt.Errorf("create: %w: no container id", errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, exists := s.containers[id]
+	_, creating := s.reserved[id]
+	if exists || creating {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	s.reserved[id] = struct{}{}
+	return nil
+}
+
+func (s *Service) unreserve(id string) {
+	s.mu.Lock()
+	delete(s.reserved, id)
+	s.mu.Unlock()
+}
+
+// create boots the sandbox if needed and creates the container in the
+// guest, with its stdio open. On error nothing is left open.
+func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec) (_ Process, _ *stdio.IO, retErr error) {
+	sbID, _ := SandboxID(r.ID, spec.Annotations)
+	sb, err := s.sandboxFor(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations})
+	if err != nil {
+		return nil, nil, err
+	}
+	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = pio.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	p, err := sb.CreateContainer(ctx, ContainerSpec{
+		ID:     r.ID,
+		Spec:   spec,
+		Rootfs: rootfsMounts(r.Bundle, r.Rootfs, spec),
+		Stdin:  pio.Stdin(),
+		Stdout: pio.Stdout(),
+		Stderr: pio.Stderr(),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create container %s: %w", r.ID, err)
+	}
+	return p, pio, nil
+}
+
+// commitCreate records the created container, publishes its create event
+// and starts waiting for its init; it returns the pid for containerd.
+func (s *Service) commitCreate(r *taskapi.CreateTaskRequest, guest Process, pio *stdio.IO) uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := newProcess(r.ID, "", stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}, nil)
+	p.guest, p.io = guest, pio
+	c := &container{id: r.ID, bundle: filepath.Clean(r.Bundle), init: p, execs: make(map[string]*process)}
+	s.containers[r.ID] = c
+	pid := s.hostPIDLocked()
+	s.publish(TopicCreate, &eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Checkpoint:  r.Checkpoint,
+		Pid:         pid,
+	})
+	go s.waitExit(c, p, guest, pio)
+	return pid
+}

@@ -1,0 +1,98 @@
+package task
+
+import (
+	"context"
+	"fmt"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/log"
+)
+
+// Delete removes a stopped (or never started) process. Deleting a
+// container's init removes the container from the guest; deleting the
+// sandbox's last container stops the VM.
+func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.DeleteResponse, error) {
+	t, err := s.find(r.ID, r.ExecID, opDelete)
+	if err != nil {
+		return nil, err
+	}
+	if r.ExecID == "" {
+		if err := s.deleteContainer(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	exit, vm, err := s.commitDelete(t)
+	if err != nil {
+		return nil, err
+	}
+	s.release(ctx, t, vm)
+	return &taskapi.DeleteResponse{Pid: t.pid, ExitStatus: exit.code, ExitedAt: timestamp(exit.at)}, nil
+}
+
+// deleteContainer removes the container from the guest. One that never
+// ran is killed by that: its exit is waited for, so that it is reported
+// before the delete.
+func (s *Service) deleteContainer(ctx context.Context, t target) error {
+	if err := t.sb.DeleteContainer(ctx, t.c.id); err != nil {
+		return fmt.Errorf("delete container %s: %w", t.c.id, err)
+	}
+	select {
+	case <-t.p.exited:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for container %s to exit: %w", t.c.id, ctx.Err())
+	}
+}
+
+// commitDelete marks the process deleted, drops it and publishes the
+// delete event of a container. It returns the VM to stop if that was the
+// sandbox's last container.
+func (s *Service) commitDelete(t target) (exitStatus, *vmSlot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := t.p
+	if err := p.state.check(opDelete, p.name()); err != nil {
+		return exitStatus{}, nil, err // lost a race with another Delete
+	}
+	p.state = stateDeleted
+	if p.execID != "" {
+		delete(t.c.execs, p.execID)
+		return p.exit, nil, nil
+	}
+	delete(s.containers, t.c.id)
+	s.publish(TopicDelete, &eventstypes.TaskDelete{
+		ContainerID: t.c.id,
+		ID:          t.c.id,
+		Pid:         t.pid,
+		ExitStatus:  p.exit.code,
+		ExitedAt:    timestamp(p.exit.at),
+	})
+	return p.exit, s.releaseVMIfUnusedLocked(), nil
+}
+
+// release closes the deleted process's stdio (and a container's execs'),
+// and stops the VM if nothing is left in it.
+func (s *Service) release(ctx context.Context, t target, vm *vmSlot) {
+	procs := []*process{t.p}
+	if t.p.execID == "" {
+		s.mu.Lock()
+		for _, e := range t.c.execs {
+			procs = append(procs, e)
+		}
+		s.mu.Unlock()
+	}
+	for _, p := range procs {
+		s.mu.Lock()
+		pio := p.io
+		s.mu.Unlock()
+		if pio != nil {
+			if err := pio.Close(ctx); err != nil {
+				logger(ctx, p.containerID, p.execID).WithError(err).Warn("close stdio")
+			}
+		}
+	}
+	if err := stopVM(ctx, vm); err != nil {
+		log.G(ctx).WithError(err).Warn("stop the sandbox after its last container")
+	}
+}

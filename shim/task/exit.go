@@ -1,0 +1,95 @@
+package task
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/cocoonrt/cocoon/shim/stdio"
+)
+
+// waitExit waits for a process to end, flushes its output and records the
+// exit. An init's exit is recorded after those of its execs.
+func (s *Service) waitExit(c *container, p *process, guest Process, pio *stdio.IO) {
+	lg := logger(s.ctx, p.containerID, p.execID)
+	st, err := guest.Wait(s.ctx)
+	exit := exitStatus{code: st.Code, at: st.ExitedAt}
+	if err != nil {
+		lg.WithError(err).Warn("lost the process: reporting an unknown exit")
+		exit = exitStatus{code: unknownExit}
+	}
+	if exit.at.IsZero() {
+		exit.at = time.Now()
+	}
+	// Wait returned after the output reached our writers; closing them
+	// is what lets the client's readers see the end.
+	if pio != nil {
+		if err := pio.CloseOutput(); err != nil {
+			lg.WithError(err).Warn("close output")
+		}
+	}
+	if p.execID == "" {
+		s.waitExecs(c)
+	}
+	lg.WithField("exit_status", exit.code).Debug("process exited")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.state == stateStarting {
+		// Start publishes its event first, then this exit.
+		p.earlyExit = &exit
+		return
+	}
+	s.recordExitLocked(p, exit)
+}
+
+// waitExecs makes sure a container's execs have ended once its init has:
+// they are killed (they outlive the init only when they share a pid
+// namespace with something else) and waited for, within the grace period.
+func (s *Service) waitExecs(c *container) {
+	s.mu.Lock()
+	var running []<-chan struct{}
+	for _, e := range c.execs {
+		switch e.state {
+		case stateStarting, stateRunning, statePaused:
+			running = append(running, e.exited)
+		}
+	}
+	var sb Sandbox
+	if s.vm != nil {
+		sb = s.vm.sb
+	}
+	s.mu.Unlock()
+	if len(running) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.execGrace)
+	defer cancel()
+	if sb != nil {
+		if err := sb.KillContainer(ctx, c.id, syscall.SIGKILL, true); err != nil {
+			log.G(ctx).WithError(err).WithField("container", c.id).Debug("kill the execs of an exited container")
+		}
+	}
+	for _, ch := range running {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			log.G(ctx).WithField("container", c.id).Warn("execs still running after the container's init exited; publishing its exit anyway")
+			return
+		}
+	}
+}
+
+// recordExitLocked marks p stopped and publishes its exit, unless it is
+// already stopped or deleted. Callers hold s.mu.
+func (s *Service) recordExitLocked(p *process, exit exitStatus) {
+	p.earlyExit = nil
+	if p.state.check(opExit, p.name()) != nil {
+		return
+	}
+	p.state = stateStopped
+	p.exit = exit
+	s.publish(TopicExit, exitEvent(p, s.hostPIDLocked()))
+	close(p.exited)
+}

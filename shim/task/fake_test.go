@@ -1,0 +1,310 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	cgroupsv2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/cocoonrt/cocoon/runtime/agent"
+)
+
+// fakeHostPID is the VMM pid the fake sandbox reports.
+const fakeHostPID = 4242
+
+// fakeLauncher boots fakeSandboxes.
+type fakeLauncher struct {
+	mu sync.Mutex // guards the fields below
+	// launches are the requests seen.
+	launches []LaunchRequest
+	// sandboxes are the sandboxes booted.
+	sandboxes []*fakeSandbox
+	// fail makes the next Launch fail.
+	fail error
+	// gate, if set, holds Launch until closed.
+	gate chan struct{}
+}
+
+func (l *fakeLauncher) Launch(ctx context.Context, r LaunchRequest) (Sandbox, error) {
+	l.mu.Lock()
+	l.launches = append(l.launches, r)
+	gate, fail := l.gate, l.fail
+	l.fail = nil
+	l.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	if fail != nil {
+		return nil, fail
+	}
+	sb := newFakeSandbox()
+	l.mu.Lock()
+	l.sandboxes = append(l.sandboxes, sb)
+	l.mu.Unlock()
+	return sb, nil
+}
+
+func (l *fakeLauncher) sandbox(i int) *fakeSandbox {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sandboxes[i]
+}
+
+func (l *fakeLauncher) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.launches)
+}
+
+// fakeSandbox is a VM whose containers are fakeProcesses.
+type fakeSandbox struct {
+	events chan SandboxEvent
+
+	mu sync.Mutex // guards the fields below
+	// procs are the processes by "<container>" or "<container>/<exec>".
+	procs map[string]*fakeProcess
+	// calls lists the calls made, in order ("start c1", "kill c1 9 all").
+	calls []string
+	// stopped is set by Stop.
+	stopped bool
+	// startHook runs inside StartContainer (to simulate an early exit).
+	startHook func(p *fakeProcess)
+}
+
+func newFakeSandbox() *fakeSandbox {
+	return &fakeSandbox{events: make(chan SandboxEvent, 8), procs: map[string]*fakeProcess{}}
+}
+
+func (s *fakeSandbox) record(format string, a ...any) {
+	s.mu.Lock()
+	s.calls = append(s.calls, fmt.Sprintf(format, a...))
+	s.mu.Unlock()
+}
+
+func (s *fakeSandbox) callLog() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.calls...)
+}
+
+func (s *fakeSandbox) proc(key string) *fakeProcess {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[key]
+}
+
+func (s *fakeSandbox) HostPID() uint32 { return fakeHostPID }
+
+func (s *fakeSandbox) CreateContainer(ctx context.Context, c ContainerSpec) (Process, error) {
+	s.record("create %s", c.ID)
+	p := newFakeProcess(100, c.Stdin, c.Stdout, c.Stderr)
+	s.mu.Lock()
+	s.procs[c.ID] = p
+	s.mu.Unlock()
+	return p, nil
+}
+
+func (s *fakeSandbox) StartContainer(ctx context.Context, id string) error {
+	s.record("start %s", id)
+	p := s.proc(id)
+	if p == nil {
+		return errdefs.ErrNotFound
+	}
+	s.mu.Lock()
+	hook := s.startHook
+	s.mu.Unlock()
+	if hook != nil {
+		hook(p)
+	}
+	return nil
+}
+
+func (s *fakeSandbox) ExecProcess(ctx context.Context, containerID, execID string, sp *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (Process, error) {
+	s.record("exec %s %s %v", containerID, execID, sp.Args)
+	p := newFakeProcess(200, stdin, stdout, stderr)
+	s.mu.Lock()
+	s.procs[containerID+"/"+execID] = p
+	s.mu.Unlock()
+	return p, nil
+}
+
+func (s *fakeSandbox) KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	s.record("kill %s %d %v", id, sig, all)
+	if p := s.proc(id); p != nil && (sig == syscall.SIGKILL || sig == syscall.SIGTERM) {
+		p.exit(128 + uint32(sig))
+	}
+	if all {
+		s.mu.Lock()
+		var execs []*fakeProcess
+		for k, p := range s.procs {
+			if len(k) > len(id) && k[:len(id)+1] == id+"/" {
+				execs = append(execs, p)
+			}
+		}
+		s.mu.Unlock()
+		for _, p := range execs {
+			p.exit(128 + uint32(sig))
+		}
+	}
+	return nil
+}
+
+func (s *fakeSandbox) DeleteContainer(ctx context.Context, id string) error {
+	s.record("delete %s", id)
+	if p := s.proc(id); p != nil {
+		p.exit(137)
+	}
+	return nil
+}
+
+func (s *fakeSandbox) PauseContainer(ctx context.Context, id string) error {
+	s.record("pause %s", id)
+	return nil
+}
+
+func (s *fakeSandbox) ResumeContainer(ctx context.Context, id string) error {
+	s.record("resume %s", id)
+	return nil
+}
+
+func (s *fakeSandbox) UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error {
+	var mem int64
+	if r.Memory != nil && r.Memory.Limit != nil {
+		mem = *r.Memory.Limit
+	}
+	s.record("update %s memory=%d", id, mem)
+	return nil
+}
+
+func (s *fakeSandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error) {
+	return &cgroupsv2stats.Metrics{Pids: &cgroupsv2stats.PidsStat{Current: 3}}, nil
+}
+
+func (s *fakeSandbox) ContainerPids(ctx context.Context, id string) ([]uint32, error) {
+	return []uint32{1, 7}, nil
+}
+
+func (s *fakeSandbox) Events() <-chan SandboxEvent { return s.events }
+
+func (s *fakeSandbox) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.stopped {
+		s.stopped = true
+		s.calls = append(s.calls, "stop")
+		close(s.events)
+	}
+	return nil
+}
+
+func (s *fakeSandbox) isStopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// fakeProcess is a guest process that ends when the test says so.
+type fakeProcess struct {
+	pid            uint32
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	once sync.Once // closes done
+	// done is closed when the process ended; status is then set.
+	done   chan struct{}
+	status agent.ExitStatus
+
+	mu sync.Mutex // guards signals and stdinClosed
+	// signals are the signals sent with Signal.
+	signals     []syscall.Signal
+	stdinClosed bool
+}
+
+func newFakeProcess(pid uint32, stdin io.Reader, stdout, stderr io.Writer) *fakeProcess {
+	return &fakeProcess{pid: pid, stdin: stdin, stdout: stdout, stderr: stderr, done: make(chan struct{})}
+}
+
+// exit ends the process with code (once).
+func (p *fakeProcess) exit(code uint32) {
+	p.once.Do(func() {
+		p.status = agent.ExitStatus{Code: code, ExitedAt: time.Now()}
+		close(p.done)
+	})
+}
+
+func (p *fakeProcess) Pid() uint32 { return p.pid }
+
+func (p *fakeProcess) Wait(ctx context.Context) (agent.ExitStatus, error) {
+	select {
+	case <-p.done:
+		return p.status, nil
+	case <-ctx.Done():
+		return agent.ExitStatus{}, ctx.Err()
+	}
+}
+
+func (p *fakeProcess) Signal(ctx context.Context, sig syscall.Signal, group bool) error {
+	p.mu.Lock()
+	p.signals = append(p.signals, sig)
+	p.mu.Unlock()
+	if sig == syscall.SIGKILL {
+		p.exit(137)
+	}
+	return nil
+}
+
+func (p *fakeProcess) CloseStdin(ctx context.Context) error {
+	p.mu.Lock()
+	p.stdinClosed = true
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *fakeProcess) Resize(ctx context.Context, w, h uint32) error { return nil }
+
+// recorder is a Publisher that keeps the events.
+type recorder struct {
+	mu sync.Mutex // guards events
+	// events are the published events, in order.
+	events []published
+}
+
+type published struct {
+	topic string
+	event proto.Message
+}
+
+func (r *recorder) Publish(ctx context.Context, topic string, event proto.Message) {
+	r.mu.Lock()
+	r.events = append(r.events, published{topic, event})
+	r.mu.Unlock()
+}
+
+func (r *recorder) topics() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, len(r.events))
+	for i, e := range r.events {
+		out[i] = e.topic
+	}
+	return out
+}
+
+func (r *recorder) find(topic string) []proto.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []proto.Message
+	for _, e := range r.events {
+		if e.topic == topic {
+			out = append(out, e.event)
+		}
+	}
+	return out
+}

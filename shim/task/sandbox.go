@@ -1,0 +1,123 @@
+package task
+
+import (
+	"context"
+	"io"
+	"syscall"
+
+	cgroupsv2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cocoonrt/cocoon/runtime/agent"
+	"github.com/cocoonrt/cocoon/runtime/rootfs"
+)
+
+// Launcher boots the VM of a sandbox. The shim has one implementation
+// (package shim/vm); tests have a fake.
+type Launcher interface {
+	// Launch boots the sandbox and returns once its guest agent is ready.
+	// On error nothing is left running.
+	Launch(ctx context.Context, r LaunchRequest) (Sandbox, error)
+}
+
+// LaunchRequest says which sandbox to boot and how.
+type LaunchRequest struct {
+	// Namespace is the containerd namespace; ID is the sandbox id (the
+	// pod's sandbox id, or the container id of a standalone container).
+	// Together they name the sandbox's state directory.
+	Namespace string
+	ID        string
+	// Options are the runtime options containerd passed with the first
+	// container; nil when there are none.
+	Options *anypb.Any
+	// Annotations are the OCI annotations of the first container (for a
+	// pod: the sandbox container's, which carry the pod's).
+	Annotations map[string]string
+}
+
+// Sandbox is one booted VM and the containers in it, as the Task service
+// sees it. Every method is a call into the guest, so none is made with the
+// service's lock held.
+type Sandbox interface {
+	// HostPID is the host process that stands for the sandbox's
+	// processes in containerd's API: the VMM's.
+	HostPID() uint32
+	// CreateContainer creates (does not start) a container in the guest
+	// and returns its init process.
+	CreateContainer(ctx context.Context, c ContainerSpec) (Process, error)
+	// StartContainer starts a created container's init.
+	StartContainer(ctx context.Context, id string) error
+	// ExecProcess starts another process in a running container.
+	ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (Process, error)
+	// KillContainer signals a container's init, or with all every process
+	// in it.
+	KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error
+	// DeleteContainer removes a container (killing it if it still runs)
+	// and its rootfs from the guest.
+	DeleteContainer(ctx context.Context, id string) error
+	// PauseContainer freezes every process of a container.
+	PauseContainer(ctx context.Context, id string) error
+	// ResumeContainer thaws a paused container.
+	ResumeContainer(ctx context.Context, id string) error
+	// UpdateContainer changes a container's resource limits.
+	UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error
+	// ContainerStats returns a container's cgroup v2 metrics.
+	ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error)
+	// ContainerPids lists the guest pids of a container's processes.
+	ContainerPids(ctx context.Context, id string) ([]uint32, error)
+	// Events delivers what the guest reports on its own (OOM kills). It
+	// is closed when the sandbox stops.
+	Events() <-chan SandboxEvent
+	// Stop shuts the VM down and removes its state. Safe to call more
+	// than once.
+	Stop(ctx context.Context) error
+}
+
+// ContainerSpec describes a container to create in the guest.
+type ContainerSpec struct {
+	// ID is the container id.
+	ID string
+	// Spec is the container's OCI spec, as read from the bundle.
+	Spec *specs.Spec
+	// Rootfs are the mounts containerd prepared for the root filesystem.
+	Rootfs []rootfs.Mount
+	// Stdin, Stdout and Stderr are the init process's stdio; nil ones are
+	// not connected. With a terminal Stderr is nil.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Process is a process in the guest: *agent.Process has these methods.
+type Process interface {
+	// Pid is the process's pid in the guest.
+	Pid() uint32
+	// Wait returns how the process ended, once it has and its output has
+	// been written to the process's writers in full.
+	Wait(ctx context.Context) (agent.ExitStatus, error)
+	// Signal sends sig to the process, or with group to its process group.
+	Signal(ctx context.Context, sig syscall.Signal, group bool) error
+	// CloseStdin makes the process read EOF once the stdin read so far is
+	// delivered.
+	CloseStdin(ctx context.Context) error
+	// Resize sets the size of the process's terminal.
+	Resize(ctx context.Context, width, height uint32) error
+}
+
+var _ Process = (*agent.Process)(nil)
+
+// SandboxEventKind says what a SandboxEvent reports.
+type SandboxEventKind int
+
+const (
+	// EventOOM reports that the kernel's OOM killer hit a container.
+	EventOOM SandboxEventKind = iota + 1
+)
+
+// SandboxEvent is something the guest reported about a container.
+type SandboxEvent struct {
+	// Kind is what happened.
+	Kind SandboxEventKind
+	// ContainerID is the container it happened to.
+	ContainerID string
+}

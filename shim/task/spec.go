@@ -1,0 +1,84 @@
+package task
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cocoonrt/cocoon/runtime/rootfs"
+)
+
+// The type URLs containerd gives the JSON-encoded OCI types it sends in an
+// Any (containerd registers them with typeurl under these names, the same
+// from 1.6 to 2.x).
+var (
+	specURLPrefix     = "types.containerd.io/opencontainers/runtime-spec/" + strconv.Itoa(specs.VersionMajor) + "/"
+	processSpecURL    = specURLPrefix + "Process"
+	linuxResourcesURL = specURLPrefix + "LinuxResources"
+)
+
+// maxSpecBytes bounds the config.json read from a bundle.
+const maxSpecBytes = 16 << 20
+
+// readSpec reads the OCI spec of a bundle.
+func readSpec(bundle string) (*specs.Spec, error) {
+	if !filepath.IsAbs(bundle) {
+		return nil, fmt.Errorf("bundle %q: %w: want an absolute path", bundle, errdefs.ErrInvalidArgument)
+	}
+	p := filepath.Join(bundle, "config.json")
+	st, err := os.Stat(p)
+	if err != nil {
+		return nil, fmt.Errorf("read OCI spec: %w", err)
+	}
+	if st.Size() > maxSpecBytes {
+		return nil, fmt.Errorf("OCI spec %s: %w: %d bytes, at most %d", p, errdefs.ErrInvalidArgument, st.Size(), maxSpecBytes)
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("read OCI spec: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("OCI spec %s: %w: %v", p, errdefs.ErrInvalidArgument, err)
+	}
+	return &s, nil
+}
+
+// decodeJSONAny decodes an Any holding one of containerd's JSON-encoded
+// OCI types.
+func decodeJSONAny(a *anypb.Any, url string, v any) error {
+	if a == nil {
+		return fmt.Errorf("%w: no %s given", errdefs.ErrInvalidArgument, filepath.Base(url))
+	}
+	if a.GetTypeUrl() != url {
+		return fmt.Errorf("%w: got type %q, want %q", errdefs.ErrInvalidArgument, a.GetTypeUrl(), url)
+	}
+	if err := json.Unmarshal(a.GetValue(), v); err != nil {
+		return fmt.Errorf("%w: decode %s: %v", errdefs.ErrInvalidArgument, filepath.Base(url), err)
+	}
+	return nil
+}
+
+// rootfsMounts turns containerd's rootfs mounts into the sandbox's. With
+// none, the bundle's rootfs directory is the root (ctr run --rootfs).
+func rootfsMounts(bundle string, ms []*types.Mount, spec *specs.Spec) []rootfs.Mount {
+	if len(ms) == 0 {
+		opts := []string{"rbind", "rw"}
+		if spec.Root != nil && spec.Root.Readonly {
+			opts[1] = "ro"
+		}
+		return []rootfs.Mount{{Type: "bind", Source: filepath.Join(bundle, "rootfs"), Options: opts}}
+	}
+	out := make([]rootfs.Mount, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, rootfs.Mount{Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
+	}
+	return out
+}

@@ -1,0 +1,135 @@
+package task
+
+import (
+	"context"
+	"fmt"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+)
+
+// CRI's annotations, the same in containerd 1.6 to 2.x: a pod's sandbox
+// (pause) container has type "sandbox" and its own id as sandbox id; the
+// pod's other containers have type "container" and the pod's sandbox id.
+const (
+	AnnotationContainerType = "io.kubernetes.cri.container-type"
+	AnnotationSandboxID     = "io.kubernetes.cri.sandbox-id"
+	ContainerTypeContainer  = "container"
+)
+
+// SandboxID returns the sandbox a container belongs to, and whether it
+// joins one that another container made: a pod's containers join the
+// pod's sandbox; a pod's sandbox container and a standalone container are
+// a sandbox of their own, named after themselves.
+func SandboxID(containerID string, annotations map[string]string) (id string, joins bool) {
+	if annotations[AnnotationContainerType] == ContainerTypeContainer {
+		if sb := annotations[AnnotationSandboxID]; sb != "" && sb != containerID {
+			return sb, true
+		}
+	}
+	return containerID, false
+}
+
+// sandboxFor returns the booted sandbox r.ID, booting it if r comes with
+// the first container. Concurrent callers wait for the one boot; a failed
+// boot is not kept, so the next Create tries again.
+func (s *Service) sandboxFor(ctx context.Context, r LaunchRequest) (Sandbox, error) {
+	s.mu.Lock()
+	slot := s.vm
+	if slot != nil && slot.id != r.ID {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("the container belongs to sandbox %s, but this shim serves sandbox %s: %w", r.ID, slot.id, errdefs.ErrFailedPrecondition)
+	}
+	boot := slot == nil
+	if boot {
+		slot = &vmSlot{id: r.ID, ready: make(chan struct{})}
+		s.vm = slot
+	}
+	s.mu.Unlock()
+	if boot {
+		s.boot(ctx, slot, r)
+	}
+	select {
+	case <-slot.ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for sandbox %s to boot: %w", r.ID, ctx.Err())
+	}
+	if slot.err != nil {
+		return nil, slot.err
+	}
+	return slot.sb, nil
+}
+
+// boot launches the VM of slot. The boot outlives the request that asked
+// for it (other containers may wait for it); the sandbox's start timeout
+// bounds it.
+func (s *Service) boot(ctx context.Context, slot *vmSlot, r LaunchRequest) {
+	ctx = context.WithoutCancel(ctx)
+	log.G(ctx).WithField("sandbox", r.ID).Info("booting sandbox")
+	sb, err := s.launcher.Launch(ctx, r)
+	s.mu.Lock()
+	kept := s.vm == slot
+	switch {
+	case err != nil:
+		slot.err = fmt.Errorf("boot sandbox %s: %w", r.ID, err)
+		if kept {
+			s.vm = nil
+		}
+	case !kept:
+		// Close took the slot meanwhile: it stops sb (see stopVM).
+		slot.err = fmt.Errorf("boot sandbox %s: the shim is shutting down: %w", r.ID, errdefs.ErrAborted)
+		slot.sb = sb
+	default:
+		slot.sb = sb
+	}
+	close(slot.ready)
+	s.mu.Unlock()
+	if err == nil {
+		go s.forwardEvents(sb)
+	}
+}
+
+// forwardEvents publishes what the guest reports until the sandbox stops.
+func (s *Service) forwardEvents(sb Sandbox) {
+	for ev := range sb.Events() {
+		switch ev.Kind {
+		case EventOOM:
+			s.mu.Lock()
+			if _, ok := s.containers[ev.ContainerID]; ok {
+				s.publish(TopicOOM, &eventstypes.TaskOOM{ContainerID: ev.ContainerID})
+			}
+			s.mu.Unlock()
+		default:
+			log.G(s.ctx).WithField("kind", int(ev.Kind)).Debug("unknown sandbox event")
+		}
+	}
+}
+
+// releaseVMIfUnusedLocked takes the VM out of the service once no
+// container is left or being created; the caller stops it unlocked.
+// Callers hold s.mu.
+func (s *Service) releaseVMIfUnusedLocked() *vmSlot {
+	if len(s.containers) > 0 || len(s.reserved) > 0 || s.vm == nil {
+		return nil
+	}
+	vm := s.vm
+	s.vm = nil
+	return vm
+}
+
+// stopVM stops the VM of slot, once its boot has ended.
+func stopVM(ctx context.Context, slot *vmSlot) error {
+	if slot == nil {
+		return nil
+	}
+	<-slot.ready
+	if slot.sb == nil {
+		return nil
+	}
+	log.G(ctx).WithField("sandbox", slot.id).Info("stopping sandbox")
+	if err := slot.sb.Stop(ctx); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", slot.id, err)
+	}
+	return nil
+}

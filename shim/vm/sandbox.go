@@ -1,0 +1,107 @@
+package vm
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
+	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/rootfs"
+	"github.com/cocoonrt/cocoon/runtime/sandbox"
+	"github.com/cocoonrt/cocoon/shim/task"
+)
+
+// Launcher boots sandboxes with QEMU, configured by LoadConfig.
+type Launcher struct {
+	// Getenv reads the environment (the COCOON_* overrides).
+	Getenv func(string) string
+}
+
+var _ task.Launcher = Launcher{}
+
+// Launch boots the sandbox r names.
+func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbox, error) {
+	cfg, err := LoadConfig(r.Options, r.Annotations, l.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	img, err := image.Open(cfg.Guest.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := rootfs.Open(filepath.Join(cfg.Runtime.DataDir, rootfs.CacheDirName))
+	if err != nil {
+		return nil, err
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Options{
+		Namespace:   r.Namespace,
+		ID:          r.ID,
+		Config:      cfg,
+		Driver:      qemu.New(qemu.Config{Binary: cfg.Hypervisor.Path}),
+		Image:       img,
+		AccelHost:   hypervisor.LocalAccelHost(),
+		ChannelHost: channel.LocalHost(),
+		Rootfs:      layers,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newVMSandbox(sb), nil
+}
+
+// vmSandbox adapts *sandbox.Sandbox to task.Sandbox.
+type vmSandbox struct {
+	*sandbox.Sandbox
+	// events carries the sandbox's events as task events; closed with
+	// the sandbox's channel.
+	events chan task.SandboxEvent
+}
+
+func newVMSandbox(sb *sandbox.Sandbox) *vmSandbox {
+	v := &vmSandbox{Sandbox: sb, events: make(chan task.SandboxEvent)}
+	go func() {
+		defer close(v.events)
+		for ev := range sb.Events() {
+			if ev.Kind == sandbox.EventOOM {
+				v.events <- task.SandboxEvent{Kind: task.EventOOM, ContainerID: ev.ContainerID}
+			}
+		}
+	}()
+	return v
+}
+
+// HostPID is the VMM's pid.
+func (v *vmSandbox) HostPID() uint32 {
+	if vm := v.VM(); vm != nil {
+		return uint32(vm.PID())
+	}
+	return 0
+}
+
+// CreateContainer creates a container in the guest.
+func (v *vmSandbox) CreateContainer(ctx context.Context, c task.ContainerSpec) (task.Process, error) {
+	p, err := v.Sandbox.CreateContainer(ctx, sandbox.ContainerSpec{
+		ID: c.ID, Spec: c.Spec, Rootfs: c.Rootfs, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ExecProcess starts a process in a container.
+func (v *vmSandbox) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (task.Process, error) {
+	proc, err := v.Sandbox.ExecProcess(ctx, containerID, execID, p, stdin, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	return proc, nil
+}
+
+// Events are the sandbox's events.
+func (v *vmSandbox) Events() <-chan task.SandboxEvent { return v.events }
