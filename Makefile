@@ -14,7 +14,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils runc containerd erofs-utils e2fsprogs
 	busybox-static iproute2 kmod util-linux procps psmisc git make gcc bc flex bison libelf-dev \
 	xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates
 
-.PHONY: all build guest install deps demo test test-unit test-integration bench proto clean
+.PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean
 
 all: build
 
@@ -58,7 +58,17 @@ demo: deps install
 	@echo "--- guest kernel: (booting a microVM)"
 	cocoon run -- uname -r
 
-test: deps build guest test-unit test-integration
+# containerd versions the integration tests drive besides Debian's 1.6,
+# built from the Go module proxy into $(TEST_TOOLS).
+TEST_TOOLS ?= /opt/cocoon-test
+CONTAINERD_17 ?= v1.7.30
+CONTAINERD_24 ?= v2.4.2
+
+test: deps test-deps build guest test-unit test-integration
+
+test-deps:
+	bash integration/install-containerd.sh $(CONTAINERD_17) $(TEST_TOOLS)/containerd-1.7
+	bash integration/install-containerd.sh $(CONTAINERD_24) $(TEST_TOOLS)/containerd-2.4
 
 test-unit:
 	$(GO) vet ./...
