@@ -27,6 +27,9 @@ type Spec struct {
 	Initrd string
 	// KernelArgs are appended to the driver's own kernel command line.
 	KernelArgs []string
+	// KernelHZ is the guest kernel's timer frequency (CONFIG_HZ), which
+	// drivers need to precompute the delay loop; 0 if unknown.
+	KernelHZ int
 	// VCPUs and MemoryMiB size the guest.
 	VCPUs     int
 	MemoryMiB int

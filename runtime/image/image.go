@@ -64,6 +64,8 @@ type Kernel struct {
 	// Cmdline is the kernel command line tuned for this kernel; the
 	// hypervisor driver adds its own arguments to it.
 	Cmdline string `json:"cmdline,omitempty"`
+	// HZ is the kernel's CONFIG_HZ.
+	HZ int `json:"hz,omitempty"`
 }
 
 // Image is a guest image on disk.

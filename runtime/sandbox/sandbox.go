@@ -173,6 +173,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		Kernel:          o.Image.KernelPath(),
 		Initrd:          o.Image.InitrdPath(),
 		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
+		KernelHZ:        o.Image.Manifest.Kernel.HZ,
 		VCPUs:           cfg.Hypervisor.VCPUs,
 		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
 		Accel:           accel,

@@ -150,12 +150,25 @@ func commandLine(p launchParams) []string {
 //	console=ttyS0          the serial console the host captures
 //	reboot=t               reboot by triple fault: the quickest way out
 //	panic=-1               reboot at once on panic, which -no-reboot turns into a QEMU exit
-//	tsc_early_khz=<kHz>    TCG only: the host TSC rate (see hostTSCKHz)
 //	cocoon.channel=<kind>  the agent transport: serial or vsock
+//
+// and under TCG, where every calibration the kernel does against emulated
+// timers costs real time (guest/image/README.md has the measurements):
+//
+//	tsc_early_khz=<kHz>    the host TSC rate (see hostTSCKHz): nothing in
+//	                       microvm tells the guest, which otherwise hangs
+//	lpj=<kHz*1000/HZ>      skips delay-loop calibration (Spec.KernelHZ)
+//	noapictimer            no 200 ms APIC timer calibration against the PIT
+//	tsc=reliable           no TSC watchdog or sync test (TCG's TSC is the host's)
+//	noreplace-smp          no patching of every lock prefix on one vCPU
 func kernelCmdline(p launchParams) string {
 	args := []string{"console=ttyS0", "reboot=t", "panic=-1"}
 	if p.spec.Accel != hypervisor.AccelKVM && p.tscKHz > 0 {
 		args = append(args, "tsc_early_khz="+strconv.FormatUint(p.tscKHz, 10))
+		if p.spec.KernelHZ > 0 {
+			args = append(args, "lpj="+strconv.FormatUint(p.tscKHz*1000/uint64(p.spec.KernelHZ), 10))
+		}
+		args = append(args, "noapictimer", "tsc=reliable", "noreplace-smp")
 	}
 	args = append(args, "cocoon.channel="+string(p.spec.Channel))
 	args = append(args, p.spec.KernelArgs...)

@@ -23,6 +23,7 @@ func testSpec(accel hypervisor.Accel, ch channel.Kind) hypervisor.Spec {
 		MemoryMiB:  256,
 		Accel:      accel,
 		Channel:    ch,
+		KernelHZ:   100,
 	}
 }
 
@@ -44,7 +45,7 @@ func TestCommandLineSerialTCG(t *testing.T) {
 		"-serial", "chardev:console",
 		"-kernel", "/usr/local/share/cocoon/vmlinux",
 		"-initrd", "/usr/local/share/cocoon/initrd.img",
-		"-append", "console=ttyS0 reboot=t panic=-1 tsc_early_khz=2596094 cocoon.channel=serial quiet cocoon.debug=1",
+		"-append", "console=ttyS0 reboot=t panic=-1 tsc_early_khz=2596094 lpj=25960940 noapictimer tsc=reliable noreplace-smp cocoon.channel=serial quiet cocoon.debug=1",
 		"-device", "virtio-rng-device",
 		"-device", "virtio-scsi-device,id=scsi0",
 		"-device", "virtio-serial-device",
@@ -77,7 +78,7 @@ func TestCommandLineVariants(t *testing.T) {
 		want: []string{
 			"-accel", "tcg,tb-size=32",
 			"-device", "vhost-vsock-device,guest-cid=4242,vhostfd=3",
-			"-append", "console=ttyS0 reboot=t panic=-1 tsc_early_khz=1000000 cocoon.channel=vsock quiet cocoon.debug=1",
+			"-append", "console=ttyS0 reboot=t panic=-1 tsc_early_khz=1000000 lpj=10000000 noapictimer tsc=reliable noreplace-smp cocoon.channel=vsock quiet cocoon.debug=1",
 		},
 		wantNot: []string{"virtio-serial", "agent.sock", "virtserialport"},
 	}, {

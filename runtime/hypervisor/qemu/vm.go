@@ -141,12 +141,17 @@ func (v *VM) ExitError() error {
 
 func describeExit(waitErr error, sent syscall.Signal, reason string, stderr *ring) error {
 	if waitErr == nil {
-		// QEMU exits 0 on SIGTERM/SIGINT/SIGHUP too. Unless the driver
-		// sent it, someone else ended the VM: that is no clean exit.
-		if reason == "host-signal" && sent == 0 {
+		// QEMU exits 0 on SIGTERM/SIGINT/SIGHUP too. A clean exit is one
+		// the guest asked for (guest-*), or the driver did (its QMP quit,
+		// or a signal it sent). A signal from anyone else, or an exit
+		// with no SHUTDOWN event seen at all, ended the VM from outside.
+		switch {
+		case sent != 0, strings.HasPrefix(reason, "guest-"), reason == "host-qmp-quit":
+			return nil
+		case reason == "host-signal":
 			return fmt.Errorf("%w: qemu terminated by a signal from another process%s", hypervisor.ErrVMExited, stderrSuffix(stderr))
 		}
-		return nil
+		return fmt.Errorf("%w: qemu exited without a shutdown request from the guest or the driver%s", hypervisor.ErrVMExited, stderrSuffix(stderr))
 	}
 	var ee *exec.ExitError
 	if !errors.As(waitErr, &ee) {
