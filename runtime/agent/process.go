@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -93,74 +92,15 @@ type Process struct {
 
 // Start opens the process's stdio streams and starts it. On error nothing
 // is left running in the guest.
-func (c *Client) Start(ctx context.Context, spec ProcessSpec) (_ *Process, retErr error) {
-	if err := api.ValidID(spec.ID); err != nil {
-		return nil, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
-	}
+func (c *Client) Start(ctx context.Context, spec ProcessSpec) (*Process, error) {
+	op := fmt.Sprintf("start process %s", spec.ID)
 	if len(spec.Args) == 0 {
-		return nil, fmt.Errorf("process %s: no program to run: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s: no program to run: %w", op, errdefs.ErrInvalidArgument)
 	}
 	if spec.Terminal && spec.Stderr != nil {
-		return nil, fmt.Errorf("process %s: a terminal has no separate stderr: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s: a terminal has no separate stderr: %w", op, errdefs.ErrInvalidArgument)
 	}
-	p := &Process{
-		c:           c,
-		id:          spec.ID,
-		outputDone:  make(chan struct{}),
-		stdinSem:    make(chan struct{}, 1),
-		stdinCopied: make(chan struct{}),
-		waitSem:     make(chan struct{}, 1),
-	}
-	var opened []net.Conn
-	defer func() {
-		if retErr != nil {
-			for _, s := range opened {
-				// Unblock local readers too: Close alone is a half-close.
-				_ = s.SetDeadline(time.Now())
-				_ = s.Close()
-			}
-		}
-	}()
-	open := func(kind api.StreamKind) (net.Conn, error) {
-		s, err := openStream(c.sess, api.StreamHeader{Kind: kind, ID: spec.ID})
-		if err != nil {
-			return nil, fmt.Errorf("start process %s: %w", spec.ID, err)
-		}
-		opened = append(opened, s)
-		return s, nil
-	}
-	if spec.Stdin != nil {
-		s, err := open(api.StreamStdin)
-		if err != nil {
-			return nil, err
-		}
-		p.stdin = s
-	}
-	var wg sync.WaitGroup
-	for _, o := range []struct {
-		kind api.StreamKind
-		w    io.Writer
-	}{{api.StreamStdout, spec.Stdout}, {api.StreamStderr, spec.Stderr}} {
-		if o.w == nil {
-			continue
-		}
-		s, err := open(o.kind)
-		if err != nil {
-			return nil, err
-		}
-		p.outputs = append(p.outputs, s)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			copyOutput(ctx, o.w, s, spec.ID, o.kind)
-		}()
-	}
-	go func() {
-		wg.Wait()
-		close(p.outputDone)
-	}()
-
-	resp, err := c.agent.StartProcess(ctx, &api.StartProcessRequest{
+	req := &api.StartProcessRequest{
 		Id:       spec.ID,
 		Args:     spec.Args,
 		Env:      spec.Env,
@@ -173,15 +113,14 @@ func (c *Client) Start(ctx context.Context, spec ProcessSpec) (_ *Process, retEr
 		Stderr:   spec.Stderr != nil,
 		Width:    spec.Width,
 		Height:   spec.Height,
+	}
+	return c.startWithStdio(ctx, op, spec.ID, spec.Stdin, spec.Stdout, spec.Stderr, func(ctx context.Context) (uint32, error) {
+		resp, err := c.agent.StartProcess(ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		return resp.Pid, nil
 	})
-	if err != nil {
-		return nil, c.mapErr(fmt.Sprintf("start process %s", spec.ID), err)
-	}
-	p.pid = resp.Pid
-	if spec.Stdin != nil {
-		go p.copyStdin(spec.Stdin)
-	}
-	return p, nil
 }
 
 // copyOutput copies one output stream to w. If w fails, the rest is
