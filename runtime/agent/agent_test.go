@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	guestagent "github.com/cocoonrt/cocoon/guest/agent"
+	"github.com/cocoonrt/cocoon/guest/agent/agenttest"
 	"github.com/cocoonrt/cocoon/guest/agent/reaper"
 	"github.com/cocoonrt/cocoon/guest/api"
 )
@@ -139,28 +140,10 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func run(t *testing.T, c *Client, spec ProcessSpec) (ExitStatus, string, string) {
 	t.Helper()
 	ctx := testCtx(t, 30*time.Second)
-	var stdout, stderr syncBuffer
+	var stdout, stderr agenttest.Buffer
 	if spec.Stdout == nil {
 		spec.Stdout = &stdout
 	}
@@ -451,7 +434,7 @@ func TestCloseStdin(t *testing.T) {
 	h := newHarness(t)
 	ctx := testCtx(t, 10*time.Second)
 	inR, inW := io.Pipe()
-	var out syncBuffer
+	var out agenttest.Buffer
 	p, err := h.client.Start(ctx, ProcessSpec{ID: "closein", Args: []string{"cat"}, Stdin: inR, Stdout: &out})
 	if err != nil {
 		t.Fatal(err)
@@ -585,7 +568,7 @@ func TestManyConcurrentProcesses(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var out, errOut syncBuffer
+			var out, errOut agenttest.Buffer
 			id := fmt.Sprintf("p%d", i)
 			p, err := h.client.Start(ctx, ProcessSpec{ID: id, Args: []string{"sh", "-c", "echo $0; echo e$0 >&2; exit $(($1 % 7))", id, strconv.Itoa(i)}, Stdin: strings.NewReader("x"), Stdout: &out, Stderr: &errOut})
 			if err != nil {

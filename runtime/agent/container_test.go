@@ -72,7 +72,7 @@ func mustJSON(t *testing.T, v any) []byte {
 func TestClientContainer(t *testing.T) {
 	c := newContainerHarness(t, guestagent.Config{})
 	ctx := testCtx(t, time.Minute)
-	var out, errOut syncBuffer
+	var out, errOut agenttest.Buffer
 	spec := agenttest.Spec(false, "sh", "-c", "read line; echo \"init got $line\"; echo bye >&2; exec sleep 1000")
 	init, err := c.CreateContainer(ctx, ContainerCreate{
 		ID: "web", ProcessID: "c1", Spec: mustJSON(t, spec), Rootfs: oneLayer,
@@ -91,7 +91,7 @@ func TestClientContainer(t *testing.T) {
 		t.Fatalf("start twice: %v", err)
 	}
 
-	var execOut syncBuffer
+	var execOut agenttest.Buffer
 	p, err := c.ExecProcess(ctx, ExecCreate{
 		ContainerID: "web", ProcessID: "c2",
 		Process: mustJSON(t, &specs.Process{Args: []string{"sh", "-c", "cat; exit 4"}, Cwd: "/", Env: []string{"PATH=/bin"}}),
@@ -153,10 +153,10 @@ func TestClientContainerTerminal(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	spec := agenttest.Spec(true, "sh", "-c", "stty size")
 	spec.Process.ConsoleSize = &specs.Box{Height: 33, Width: 77}
-	if _, err := c.CreateContainer(ctx, ContainerCreate{ID: "tty", ProcessID: "t1", Spec: mustJSON(t, spec), Rootfs: oneLayer, Stderr: &syncBuffer{}}); !errdefs.IsInvalidArgument(err) {
+	if _, err := c.CreateContainer(ctx, ContainerCreate{ID: "tty", ProcessID: "t1", Spec: mustJSON(t, spec), Rootfs: oneLayer, Stderr: &agenttest.Buffer{}}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("terminal with stderr: %v", err)
 	}
-	var out syncBuffer
+	var out agenttest.Buffer
 	init, err := c.CreateContainer(ctx, ContainerCreate{ID: "tty", ProcessID: "t1", Spec: mustJSON(t, spec), Rootfs: oneLayer, Stdout: &out})
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -192,28 +191,11 @@ func hostSpec(terminal bool, args ...string) *specs.Spec {
 	return s
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestSandboxContainer(t *testing.T) {
 	s, vm, cache := containerSandbox(t, guestagent.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out agenttest.Buffer
 	init, err := s.CreateContainer(ctx, ContainerSpec{
 		ID: "web", Spec: hostSpec(false, "sh", "-c", "echo up; exec sleep 1000"),
 		Rootfs: []rootfs.Mount{{Type: "overlay", Source: "overlay"}}, Stdout: &out,
@@ -234,7 +216,7 @@ func TestSandboxContainer(t *testing.T) {
 	if err := s.StartContainer(ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
-	var execOut syncBuffer
+	var execOut agenttest.Buffer
 	p, err := s.ExecProcess(ctx, "web", "exec-with-a-long-containerd-id-"+strings.Repeat("x", 64),
 		&specs.Process{Args: []string{"echo", "exec"}, Cwd: "/", Env: []string{"PATH=/bin"}, ApparmorProfile: "host-only"},
 		nil, &execOut, nil)
