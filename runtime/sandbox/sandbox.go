@@ -146,10 +146,7 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		rootfs:        o.Rootfs,
 		containersDir: filepath.Join(cfg.Runtime.DataDir, ContainersDirName, o.Namespace, o.ID),
 	}
-	if err := os.MkdirAll(filepath.Dir(s.Dir), 0o711); err != nil {
-		return nil, fmt.Errorf("sandbox state: %w", err)
-	}
-	if err := os.Mkdir(s.Dir, 0o700); err != nil {
+	if err := makeStateDir(s.Dir); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("sandbox %s/%s: %w", o.Namespace, o.ID, errdefs.ErrAlreadyExists)
 		}
@@ -319,7 +316,29 @@ func (s *Sandbox) teardown(ctx context.Context) error {
 	if err := os.RemoveAll(s.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove sandbox state: %w", err))
 	}
+	// The namespace directories go with their last sandbox. Remove fails
+	// while another sandbox of the namespace exists, as it should.
+	_ = os.Remove(filepath.Dir(s.Dir))
+	if s.containersDir != "" {
+		_ = os.Remove(filepath.Dir(s.containersDir))
+	}
 	return errors.Join(errs...)
+}
+
+// makeStateDir makes a sandbox's state directory, failing with ErrExist if
+// it is there. The namespace directory above it is removed with the last
+// sandbox of the namespace, possibly between our MkdirAll and Mkdir: then
+// it is made again.
+func makeStateDir(dir string) error {
+	for try := 0; ; try++ {
+		if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+			return err
+		}
+		err := os.Mkdir(dir, 0o700)
+		if err == nil || !errors.Is(err, os.ErrNotExist) || try == 2 {
+			return err
+		}
+	}
 }
 
 func writeState(dir string, st State) error {
