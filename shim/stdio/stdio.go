@@ -51,6 +51,8 @@ type IO struct {
 	// read sides that keep fifos open for a client that comes back.
 	outputs []io.Closer
 	keep    []io.Closer
+	// dropOnce closes keep once (DropReaders, Close).
+	dropOnce sync.Once
 	// logger is the logging binary, nil without one.
 	logger *logger
 
@@ -232,14 +234,23 @@ func (i *IO) CloseOutput() error {
 	return errors.Join(errs...)
 }
 
+// DropReaders closes the shim's own read sides of the output fifos. While
+// a client reads, nothing changes; once none does, writes fail instead of
+// blocking, so output nobody will read no longer holds the process's exit
+// back. Safe to call more than once and concurrently with writes.
+func (i *IO) DropReaders() {
+	i.dropOnce.Do(func() {
+		for _, c := range i.keep {
+			_ = c.Close()
+		}
+	})
+}
+
 // Close releases everything and waits, within ctx, for a logging binary to
 // finish with what it was given.
 func (i *IO) Close(ctx context.Context) error {
 	errs := []error{i.CloseStdin(), i.CloseOutput()}
-	for _, c := range i.keep {
-		errs = append(errs, c.Close())
-	}
-	i.keep = nil
+	i.DropReaders()
 	if i.logger != nil {
 		errs = append(errs, i.logger.wait(ctx))
 	}

@@ -236,3 +236,46 @@ func TestUnknownScheme(t *testing.T) {
 		t.Errorf("got %v, want invalid argument", err)
 	}
 }
+
+// TestDropReadersUnblocksAbandonedOutput: a client that stopped reading
+// leaves writes blocked on the shim's own read side; once it is dropped,
+// the blocked write fails instead of hanging.
+func TestDropReadersUnblocksAbandonedOutput(t *testing.T) {
+	dir := t.TempDir()
+	out := mkfifo(t, dir, "out")
+	r, err := fifo.OpenFifo(context.Background(), out, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pio, err := Open(context.Background(), "ns", "c1", Config{Stdout: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pio.Close(context.Background())
+	r.Close() // the client goes away without reading
+
+	done := make(chan error, 1)
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for {
+			if _, err := pio.Stdout().Write(chunk); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("write failed before the readers were dropped: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	pio.DropReaders()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("write ended without an error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("write still blocked after DropReaders")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"syscall"
+	"time"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
@@ -23,7 +24,49 @@ func (s *Service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Em
 	if err := signal(ctx, t, syscall.Signal(r.Signal), r.All); err != nil {
 		return nil, fmt.Errorf("signal %s with %v: %w", t.p.name(), syscall.Signal(r.Signal), err)
 	}
+	if r.Signal == uint32(syscall.SIGKILL) {
+		go s.releaseOutput(t, r.All)
+	}
 	return &emptypb.Empty{}, nil
+}
+
+// outputGrace is how long a SIGKILLed process's output may stay blocked
+// on a client that stopped reading (ctr killed, `ctr task delete -f`)
+// before the shim drops its own read side of the fifos; runc's shim bounds
+// its wait for output at delete the same way.
+const outputGrace = 2 * time.Second
+
+// releaseOutput waits for a killed process (with all: and its container's
+// execs) to exit; if one has not within outputGrace, its output is what
+// holds it back (a process killed by SIGKILL is gone at once), so the
+// shim stops keeping its fifos open for a client that is not reading.
+func (s *Service) releaseOutput(t target, all bool) {
+	procs := []*process{t.p}
+	if all && t.p.execID == "" {
+		s.mu.Lock()
+		for _, e := range t.c.execs {
+			procs = append(procs, e)
+		}
+		s.mu.Unlock()
+	}
+	timer := time.NewTimer(outputGrace)
+	defer timer.Stop()
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+			continue
+		case <-timer.C:
+		}
+		s.mu.Lock()
+		pio := p.io
+		s.mu.Unlock()
+		if pio != nil {
+			logger(s.ctx, p.containerID, p.execID).Warn("output not read 2s after SIGKILL: no longer holding the fifos open")
+			pio.DropReaders()
+		}
+		// The grace has passed for every process left.
+		timer.Reset(0)
+	}
 }
 
 // maxSignal is the highest Linux signal number (SIGRTMAX).
