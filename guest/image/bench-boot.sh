@@ -60,7 +60,7 @@ tsc_khz() {
 }
 
 MAN="$(dirname "$KERNEL")/manifest.json"
-man() { [ -r "$MAN" ] && command -v jq >/dev/null && jq -r "$1 // empty" "$MAN"; }
+man() { if [ -r "$MAN" ] && command -v jq >/dev/null; then jq -r "$1 // empty" "$MAN"; fi; }
 TSC_KHZ="$(tsc_khz)"
 HZ="$(man .kernel.hz)"; HZ="${HZ:-100}"
 LPJ=$(( TSC_KHZ * 1000 / HZ ))
@@ -111,7 +111,7 @@ for i in $(seq 1 "$N"); do
 	done
 	# Drain the rest of the console (QEMU exits itself: the test init reboots
 	# and QEMU runs with -no-reboot); kill it after 5 s if it does not.
-	( sleep 5; kill "$qpid" 2>/dev/null ) & killer=$!
+	( sleep 5; kill "$qpid" 2>/dev/null ) </dev/null >/dev/null 2>&1 & killer=$!
 	cat <&3 >> "$log" || true
 	exec 3<&-
 	kill "$killer" 2>/dev/null || true

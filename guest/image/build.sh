@@ -31,6 +31,11 @@ command -v jq >/dev/null || need+=(jq)
 command -v readelf >/dev/null || need+=(binutils)
 command -v dpkg-deb >/dev/null || need+=(dpkg)
 [ "$COMP" = lz4 ] && ! command -v lz4 >/dev/null && need+=(lz4)
+# The guest's own shell and tools (initrd.sh): a static busybox.
+bb="${COCOON_BUSYBOX:-/bin/busybox}"
+if [ ! -x "$bb" ] || readelf -l "$bb" 2>/dev/null | grep -q 'program interpreter'; then
+	[ -z "${COCOON_BUSYBOX:-}" ] && need+=(busybox-static)
+fi
 if [ ${#need[@]} -gt 0 ]; then
 	[ "${COCOON_NO_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ] || die "missing tools; install: ${need[*]}"
 	log "installing ${need[*]}"

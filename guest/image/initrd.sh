@@ -10,7 +10,8 @@
 #   /usr/bin/runc              Debian's runc (apt-get download; not installed on the host)
 #   /usr/lib/x86_64-linux-gnu/<soname>, /usr/lib64/ld-linux-x86-64.so.2
 #                              runc's shared libraries, from the host's Debian packages
-#   /etc/passwd /etc/group     root only
+#   /usr/bin/busybox + applet links (sh, ls, mount, ...)  Debian's busybox-static
+#   /etc/passwd /etc/group     root and nobody only
 #   /dev/console               so the kernel can give PID 1 its console
 #   /proc /sys /dev /run /tmp /var /mnt /root ...   the directory skeleton
 #   /bin /sbin /lib /lib64     merged-/usr symlinks, as on Debian
