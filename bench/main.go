@@ -10,8 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -32,6 +34,8 @@ type Result struct {
 	Samples []float64 `json:"samples"`
 	// Runc is the same figure for runc, where one exists.
 	Runc *float64 `json:"runc_median,omitempty"`
+	// RuncSamples are runc's samples, where measured in this run.
+	RuncSamples []float64 `json:"runc_samples,omitempty"`
 	// Target is the figure the project aims for on this machine, if any.
 	Target string `json:"target,omitempty"`
 }
@@ -56,19 +60,25 @@ type Host struct {
 
 func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
-	n := flag.Int("n", 7, "samples per figure (at least 5)")
+	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
+	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
 	flag.Parse()
-	if *n < 5 {
-		fmt.Fprintln(os.Stderr, "bench: -n must be at least 5")
+	if *n < 5 || *ctrN < 10 {
+		fmt.Fprintln(os.Stderr, "bench: -n must be at least 5, -ctr-n at least 10")
 		os.Exit(2)
 	}
-	if err := run(context.Background(), *out, *n); err != nil {
+	// ^C or SIGTERM cancels the run; what it started is still cleaned up
+	// before exiting.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, *out, *n, *ctrN)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out string, n int) error {
+func run(ctx context.Context, out string, n, ctrN int) error {
 	// The table is the output; the runtime's info lines would bury it.
 	if err := log.SetLevel("warn"); err != nil {
 		return err
@@ -88,6 +98,10 @@ func run(ctx context.Context, out string, n int) error {
 	if runcErr != nil {
 		rep.RuncNote = "runc baseline not measured: " + runcErr.Error()
 	}
+	ctrd, err := benchContainerd(ctx, &env.Config, ctrN)
+	if err != nil {
+		return fmt.Errorf("containerd figures: %w", err)
+	}
 	runcMedian := func(s []float64) *float64 {
 		if runcErr != nil {
 			return nil
@@ -99,13 +113,14 @@ func run(ctx context.Context, out string, n int) error {
 		Result{Name: "cold boot to agent ready", Unit: "ms", Median: median(boot.ready), Samples: boot.ready,
 			Target: "<= 1500 ms (TCG), <= 150 ms (KVM)"},
 		Result{Name: "run `true` in a new sandbox, end to end", Unit: "ms", Median: median(boot.total), Samples: boot.total,
-			Runc: runcMedian(runcStart)},
+			Runc: runcMedian(runcStart), RuncSamples: runcStart},
 		Result{Name: "qemu rss per idle vm", Unit: "MiB", Median: median(mem.rss), Samples: mem.rss},
 		Result{Name: "qemu pss per idle vm", Unit: "MiB", Median: median(mem.pss), Samples: mem.pss},
 		Result{Name: "host memory outside guest ram per vm", Unit: "MiB", Median: median(mem.overhead), Samples: mem.overhead,
 			Target: "<= 40 MiB"},
 		Result{Name: "page cache shared by all vms (kernel, initrd, qemu)", Unit: "MiB", Median: median(mem.shared), Samples: mem.shared},
 	)
+	rep.Results = append(rep.Results, ctrdResults(ctrd, median(boot.ready))...)
 
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
@@ -122,6 +137,30 @@ func run(ctx context.Context, out string, n int) error {
 	return nil
 }
 
+// ctrdResults are the containerd figures, Cocoon next to runc.
+func ctrdResults(f ctrdFigures, bootReady float64) []Result {
+	pair := func(name, unit string, s [2][]float64, target string) Result {
+		r := median(s[1])
+		return Result{Name: name, Unit: unit, Median: median(s[0]), Samples: s[0], Runc: &r, RuncSamples: s[1], Target: target}
+	}
+	start := median(f.start[0])
+	overhead := []float64{start - bootReady}
+	beyondRunc := []float64{start - median(f.start[1]) - bootReady}
+	return []Result{
+		pair("ctr run --rm true (container start)", "ms", f.start, ""),
+		{Name: "  shim overhead outside vm boot (start - boot)", Unit: "ms", Median: overhead[0], Samples: overhead,
+			Target: "<= 50 ms"},
+		{Name: "  start - runc start - vm boot", Unit: "ms", Median: beyondRunc[0], Samples: beyondRunc},
+		pair("ctr task exec true (exec)", "ms", f.exec, ""),
+		pair("stdout throughput, 100 MiB via ctr", "MB/s", f.stdout, ">= 100 MB/s"),
+		pair("shim rss per running container", "MiB", f.shimRSS, "<= 20 MiB"),
+		pair("shim + qemu (runc: + container) rss", "MiB", f.rss, ""),
+		pair("shim + qemu (runc: + container) pss", "MiB", f.pss, ""),
+		{Name: "qemu anon outside guest ram (via containerd)", Unit: "MiB", Median: median(f.overhead), Samples: f.overhead,
+			Target: "<= 40 MiB"},
+	}
+}
+
 func hostInfo() Host {
 	h := Host{CPUs: runtime.NumCPU()}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
@@ -133,13 +172,13 @@ func hostInfo() Host {
 
 func printTable(rep Report) {
 	fmt.Printf("cocoon %s on %d cpus (%s), accel %s, channel %s\n\n", rep.Version, rep.Host.CPUs, rep.Host.Model, rep.Accel, rep.Channel)
-	fmt.Printf("%-52s %12s %12s %8s  %s\n", "figure", "cocoon", "runc", "ratio", "target")
+	fmt.Printf("%-52s %12s %12s %8s  %s\n", "figure (median)", "cocoon", "runc", "ratio", "target")
 	for _, r := range rep.Results {
 		runc, ratio := "-", "-"
 		if r.Runc != nil {
 			runc = fmt.Sprintf("%.1f %s", *r.Runc, r.Unit)
 			if *r.Runc > 0 {
-				ratio = fmt.Sprintf("%.1fx", r.Median / *r.Runc)
+				ratio = fmt.Sprintf("%.3gx", r.Median / *r.Runc)
 			}
 		}
 		fmt.Printf("%-52s %12s %12s %8s  %s\n", r.Name, fmt.Sprintf("%.1f %s", r.Median, r.Unit), runc, ratio, r.Target)

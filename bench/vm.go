@@ -45,7 +45,7 @@ func benchBoot(ctx context.Context, env *admin.Env, n int) (bootSamples, memSamp
 			_, err = p.Wait(ctx)
 		}
 		if err != nil {
-			sb.Stop(ctx)
+			sb.Stop(context.WithoutCancel(ctx))
 			return b, m, fmt.Errorf("run true: %w", err)
 		}
 		ran := time.Since(start)
@@ -54,7 +54,7 @@ func benchBoot(ctx context.Context, env *admin.Env, n int) (bootSamples, memSamp
 		time.Sleep(500 * time.Millisecond)
 		mem, err := qemuMemory(sb.VM().PID(), env.Config.Hypervisor.MemoryMiB)
 		stopStart := time.Now()
-		if serr := sb.Stop(ctx); serr != nil && err == nil {
+		if serr := sb.Stop(context.WithoutCancel(ctx)); serr != nil && err == nil {
 			err = serr
 		}
 		if err != nil {

@@ -114,7 +114,7 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 		if err != nil {
 			return "", nil, err
 		}
-		if err := sys.mount(dev, root, r.Layers[0].Fstype, unix.MS_RDONLY, ""); err != nil {
+		if err := d.mountDisk(ctx, dev, root, r.Layers[0].Fstype, unix.MS_RDONLY); err != nil {
 			return "", nil, fmt.Errorf("mount layer 0 (%s) on %s: %w", dev, root, err)
 		}
 		done = append(done, mountStep{target: root})
@@ -132,7 +132,7 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 		if err != nil {
 			return "", nil, fmt.Errorf("layer %d: %w", i, err)
 		}
-		if err := sys.mount(dev, target, disk.Fstype, unix.MS_RDONLY, ""); err != nil {
+		if err := d.mountDisk(ctx, dev, target, disk.Fstype, unix.MS_RDONLY); err != nil {
 			return "", nil, fmt.Errorf("mount layer %d (%s, %s): %w", i, dev, disk.Fstype, err)
 		}
 		done = append(done, mountStep{target: target})
@@ -147,7 +147,7 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 		if err != nil {
 			return "", nil, fmt.Errorf("scratch disk: %w", err)
 		}
-		if err := sys.mount(dev, scratch, r.Scratch.Fstype, 0, ""); err != nil {
+		if err := d.mountDisk(ctx, dev, scratch, r.Scratch.Fstype, 0); err != nil {
 			return "", nil, fmt.Errorf("mount scratch disk (%s, %s): %w", dev, r.Scratch.Fstype, err)
 		}
 		done = append(done, mountStep{target: scratch, sync: true})
@@ -282,6 +282,25 @@ func (d *DiskRootfs) waitBlock(ctx context.Context, disk *api.Disk) (string, err
 		case <-ctx.Done():
 			return "", fmt.Errorf("waiting for SCSI disk %d:%d: %w", disk.ScsiId, disk.Lun, ctx.Err())
 		case <-tick.C:
+		}
+	}
+}
+
+// mountDisk mounts the disk at dev on target. A hot-plugged disk is in
+// sysfs and /dev (device_add) a moment before it can be opened (bdev_add,
+// later in the kernel's device_add_disk); meanwhile opening it fails with
+// ENXIO, which is retried, d.Timeout at most.
+func (d *DiskRootfs) mountDisk(ctx context.Context, dev, target, fstype string, flags uintptr) error {
+	start := time.Now()
+	for {
+		err := d.kernel().mount(dev, target, fstype, flags, "")
+		if !errors.Is(err, unix.ENXIO) || time.Since(start) >= d.timeout() {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(diskPoll):
 		}
 	}
 }

@@ -24,6 +24,9 @@ type fakeMounter struct {
 	calls []string
 	// fail makes the mount onto a target with this suffix fail.
 	fail string
+	// notYet is how many mounts fail with ENXIO first, as a disk that is
+	// in sysfs but not yet openable does.
+	notYet int
 }
 
 func (f *fakeMounter) record(s string) {
@@ -35,6 +38,15 @@ func (f *fakeMounter) record(s string) {
 func (f *fakeMounter) mount(source, target, fstype string, flags uintptr, data string) error {
 	if f.fail != "" && strings.HasSuffix(target, f.fail) {
 		return unix.EINVAL
+	}
+	f.mu.Lock()
+	notYet := f.notYet > 0
+	if notYet {
+		f.notYet--
+	}
+	f.mu.Unlock()
+	if notYet {
+		return unix.ENXIO
 	}
 	f.record(fmt.Sprintf("mount %s %s %s ro=%v %s", filepath.Base(source), target, fstype, flags&unix.MS_RDONLY != 0, data))
 	return nil
@@ -211,6 +223,22 @@ func TestAssembleSingleLayer(t *testing.T) {
 	}
 	_ = release(context.Background())
 	if got := m.take(); !reflect.DeepEqual(got, []string{"umount " + root}) {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// A disk that sysfs shows but that cannot be opened yet (ENXIO) is
+// mounted once it can.
+func TestAssembleRetriesDiskNotYetOpenable(t *testing.T) {
+	sys := fakeSys(t, map[uint32]string{4: "sdd"})
+	m := &fakeMounter{notYet: 3}
+	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), sys: m}
+	root, _, err := d.Assemble(context.Background(), t.TempDir(), &api.Rootfs{Layers: []*api.Disk{layer(4)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"mknod dev-sdd 8:64", "mount dev-sdd " + root + " erofs ro=true "}
+	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %q", got)
 	}
 }

@@ -8,12 +8,14 @@ package harness
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,8 +60,13 @@ type Containerd struct {
 	// Env is added to containerd's environment (and so the shims').
 	Env []string
 
-	t   testing.TB
-	cmd *exec.Cmd
+	// t is the test that started the instance, nil outside tests.
+	t testing.TB
+	// logf reports shims killed at Stop; nil: not reported.
+	logf func(format string, args ...any)
+	cmd  *exec.Cmd
+	// stopOnce makes Stop idempotent.
+	stopOnce sync.Once
 	// exited is closed when containerd has exited.
 	exited chan struct{}
 }
@@ -79,6 +86,10 @@ func WithShimDir(dir string) Option {
 	return func(c *Containerd) { c.ShimDir = dir }
 }
 
+// ErrNotInstalled is returned by Start for a containerd build that is not
+// on this machine; the tests skip on it.
+var ErrNotInstalled = errors.New("containerd build not installed")
+
 // StartContainerd starts a private containerd of the given version ("1.6",
 // "1.7" or "2.4") and stops it when the test ends, failing the test if it
 // cannot. Its log is printed if the test failed.
@@ -87,21 +98,48 @@ func StartContainerd(t testing.TB, version string, opts ...Option) *Containerd {
 	if os.Geteuid() != 0 {
 		t.Skip("containerd needs root")
 	}
+	if _, ok := builds[version]; !ok {
+		t.Fatalf("containerd %q: want 1.6, 1.7 or 2.4", version)
+	}
+	opts = append(opts, func(c *Containerd) { c.t, c.logf = t, t.Logf })
+	c, err := Start(version, opts...)
+	if errors.Is(err, ErrNotInstalled) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("containerd %s log:\n%s", c.Version, c.Log())
+		}
+		if err := c.Stop(); err != nil {
+			t.Logf("%v", err)
+		}
+	})
+	return c
+}
+
+// Start starts a private containerd of the given version ("1.6", "1.7" or
+// "2.4") and waits until it answers; the caller must call Stop. It is
+// StartContainerd for programs that are not tests (the bench, the demo).
+// Without WithShimDir, the shim is found as ShimDir finds it.
+func Start(version string, opts ...Option) (*Containerd, error) {
 	b, ok := builds[version]
 	if !ok {
-		t.Fatalf("containerd %q: want 1.6, 1.7 or 2.4", version)
+		return nil, fmt.Errorf("containerd %q: want 1.6, 1.7 or 2.4", version)
 	}
 	bin := b.dir
 	if d := os.Getenv(b.envVar); d != "" {
 		bin = d
 	}
 	if _, err := os.Stat(filepath.Join(bin, "containerd")); err != nil {
-		t.Skipf("containerd %s is not installed in %s (set %s): %v", version, bin, b.envVar, err)
+		return nil, fmt.Errorf("%w: containerd %s is not installed in %s (set %s): %v", ErrNotInstalled, version, bin, b.envVar, err)
 	}
 	// Short: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "ctrd"+strings.ReplaceAll(version, ".", ""))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	c := &Containerd{
 		Version:   version,
@@ -109,22 +147,26 @@ func StartContainerd(t testing.TB, version string, opts ...Option) *Containerd {
 		Address:   filepath.Join(dir, "c.sock"),
 		Namespace: "cocoon-test",
 		Bin:       bin,
-		t:         t,
 		exited:    make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(c)
 	}
 	if c.ShimDir == "" {
-		c.ShimDir = ShimDir(t)
+		if c.ShimDir, err = FindShimDir(); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("build the shim: %w", err)
+		}
 	}
 	cfg := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfg, []byte(c.config(b.configVersion, b.disabled)), 0o644); err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
 	if err != nil {
-		t.Fatal(err)
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	cmd := exec.Command(filepath.Join(bin, "containerd"), "--config", cfg)
 	cmd.Env = append(os.Environ(), c.Env...)
@@ -133,7 +175,9 @@ func StartContainerd(t testing.TB, version string, opts ...Option) *Containerd {
 	// Its own process group, so a test's end never leaves it behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start containerd %s: %v", version, err)
+		logf.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start containerd %s: %v", version, err)
 	}
 	c.cmd = cmd
 	go func() {
@@ -141,11 +185,12 @@ func StartContainerd(t testing.TB, version string, opts ...Option) *Containerd {
 		logf.Close()
 		close(c.exited)
 	}()
-	t.Cleanup(c.stop)
 	if err := c.waitReady(30 * time.Second); err != nil {
-		t.Fatalf("containerd %s: %v\n%s", version, err, c.Log())
+		log := c.Log()
+		_ = c.Stop()
+		return nil, fmt.Errorf("containerd %s: %v\n%s", version, err, log)
 	}
-	return c
+	return c, nil
 }
 
 // config is the containerd configuration of this instance.
@@ -190,13 +235,16 @@ func (c *Containerd) waitReady(timeout time.Duration) error {
 	}
 }
 
-// stop ends containerd (SIGTERM, then SIGKILL) and removes its directory,
-// printing its log first if the test failed. Shims keep running when
-// containerd stops; stop kills the ones of this instance too.
-func (c *Containerd) stop() {
-	if c.t.Failed() {
-		c.t.Logf("containerd %s log:\n%s", c.Version, c.Log())
-	}
+// Stop ends containerd (SIGTERM, then SIGKILL) and removes its directory.
+// Shims keep running when containerd stops; Stop kills the ones of this
+// instance too. It is safe to call more than once.
+func (c *Containerd) Stop() error {
+	var err error
+	c.stopOnce.Do(func() { err = c.stop() })
+	return err
+}
+
+func (c *Containerd) stop() error {
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-c.exited:
@@ -207,25 +255,26 @@ func (c *Containerd) stop() {
 	c.killShims()
 	_ = exec.Command("umount", "-R", "-l", c.Dir).Run()
 	if err := os.RemoveAll(c.Dir); err != nil {
-		c.t.Logf("remove %s: %v", c.Dir, err)
+		return fmt.Errorf("remove %s: %v", c.Dir, err)
 	}
+	return nil
 }
 
-// killShims ends the shims left by this instance's tests (their -address
+// killShims ends the shims left by this instance's users (their -address
 // is this instance's socket): a shim finishing its shutdown (stopping its
 // VM) gets time to do so, then SIGTERM, then SIGKILL.
 func (c *Containerd) killShims() {
 	for _, sig := range []syscall.Signal{0, syscall.SIGTERM, syscall.SIGKILL} {
 		deadline := time.Now().Add(15 * time.Second)
-		for time.Now().Before(deadline) && len(ShimPIDs(c.Address)) > 0 {
+		for time.Now().Before(deadline) && len(c.allShimPIDs()) > 0 {
 			time.Sleep(100 * time.Millisecond)
 		}
-		pids := ShimPIDs(c.Address)
+		pids := c.allShimPIDs()
 		if len(pids) == 0 {
 			return
 		}
-		if sig != 0 {
-			c.t.Logf("shims %v still running at the end of the test: %v", pids, sig)
+		if sig != 0 && c.logf != nil {
+			c.logf("shims %v still running at the end of the test: %v", pids, sig)
 		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, sig)
@@ -233,9 +282,22 @@ func (c *Containerd) killShims() {
 	}
 }
 
+// allShimPIDs lists this instance's shims of either runtime: Cocoon's and
+// runc's (which only the bench starts).
+func (c *Containerd) allShimPIDs() []int {
+	return append(ShimPIDs(c.Address), ShimPIDsOf(RuncShimBinary, c.Address)...)
+}
+
+// RuncShimBinary is containerd's runc shim, io.containerd.runc.v2.
+const RuncShimBinary = "containerd-shim-runc-v2"
+
 // ShimPIDs lists the pids of the Cocoon shims started by the containerd at
 // address.
-func ShimPIDs(address string) []int {
+func ShimPIDs(address string) []int { return ShimPIDsOf(ShimBinary, address) }
+
+// ShimPIDsOf lists the pids of the shims named binary (a file name such as
+// ShimBinary or RuncShimBinary) started by the containerd at address.
+func ShimPIDsOf(binary, address string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {
@@ -248,7 +310,7 @@ func ShimPIDs(address string) []int {
 			continue
 		}
 		args := strings.Split(string(cmdline), "\x00")
-		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-cocoon-v2" {
+		if len(args) == 0 || filepath.Base(args[0]) != binary {
 			continue
 		}
 		for i := 0; i+1 < len(args); i++ {
@@ -290,7 +352,8 @@ func (c *Containerd) Ctr(args ...string) (string, error) {
 	return out.String(), err
 }
 
-// MustCtr is Ctr that fails the test on error.
+// MustCtr is Ctr that fails the test on error; only for an instance that
+// StartContainerd started.
 func (c *Containerd) MustCtr(args ...string) string {
 	c.t.Helper()
 	out, err := c.Ctr(args...)

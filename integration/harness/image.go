@@ -35,6 +35,25 @@ func ImportBusybox(t testing.TB, c *Containerd) string {
 	return BusyboxRef
 }
 
+// Import builds the busybox image (see ImportBusybox) in a temporary
+// directory and imports it into c as BusyboxRef: ImportBusybox for
+// programs that are not tests.
+func Import(c *Containerd) (string, error) {
+	dir, err := os.MkdirTemp("", "cocoon-image-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	archive, err := BusyboxArchive(dir)
+	if err != nil {
+		return "", fmt.Errorf("build busybox image: %w", err)
+	}
+	if _, err := c.Ctr("images", "import", archive); err != nil {
+		return "", err
+	}
+	return BusyboxRef, nil
+}
+
 // BusyboxArchive writes the busybox image as an OCI image layout tarball
 // in dir and returns its path.
 func BusyboxArchive(dir string) (string, error) {

@@ -23,16 +23,22 @@ var (
 // of this tree's cmd/containerd-shim-cocoon-v2, made once per test binary.
 func ShimDir(t testing.TB) string {
 	t.Helper()
+	dir, err := FindShimDir()
+	if err != nil {
+		t.Fatalf("build the shim: %v", err)
+	}
+	return dir
+}
+
+// FindShimDir is ShimDir for programs that are not tests.
+func FindShimDir() (string, error) {
 	if d := os.Getenv("COCOON_BIN"); d != "" {
 		if _, err := os.Stat(filepath.Join(d, ShimBinary)); err == nil {
-			return d
+			return d, nil
 		}
 	}
 	buildOnce.Do(func() { builtDir, buildErr = buildShim() })
-	if buildErr != nil {
-		t.Fatalf("build the shim: %v", buildErr)
-	}
-	return builtDir
+	return builtDir, buildErr
 }
 
 func buildShim() (string, error) {

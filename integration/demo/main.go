@@ -1,0 +1,144 @@
+// Command demo is what `make demo` runs once Cocoon is installed: it runs
+// `uname -r` in a container in a microVM through containerd and prints
+// the guest's kernel next to the host's.
+//
+// It uses the containerd that runs on this host if there is one (in a
+// namespace of its own, removed at the end), else starts a private
+// containerd (Debian's 1.6) whose root, state and socket live in a
+// temporary directory, and stops it at the end: the host is left as it
+// was found. The image is a one-layer busybox built from the host's
+// /bin/busybox and imported locally; no registry is involved.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cocoonrt/cocoon/integration/harness"
+	"github.com/cocoonrt/cocoon/runtime/admin"
+	"github.com/cocoonrt/cocoon/runtime/sandbox"
+)
+
+// systemSocket is where a host's containerd listens by default.
+const systemSocket = "/run/containerd/containerd.sock"
+
+// namespace holds everything the demo creates in a host's containerd.
+const namespace = "cocoon-demo"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("run as root: containerd and the VM need it")
+	}
+	shim, err := exec.LookPath(harness.ShimBinary)
+	if err != nil {
+		return fmt.Errorf("%s is not on PATH: run `make install`", harness.ShimBinary)
+	}
+	env, err := admin.LoadEnv("")
+	if err != nil {
+		return err
+	}
+	c, cleanup, err := containerd(filepath.Dir(shim))
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	// The shim leaves the namespace's directories, empty, behind.
+	defer os.Remove(filepath.Join(env.Config.Runtime.DataDir, sandbox.ContainersDirName, namespace))
+	defer os.Remove(filepath.Join(env.Config.Runtime.StateDir, namespace))
+
+	image, err := harness.Import(c)
+	if err != nil {
+		return err
+	}
+	host, err := exec.Command("uname", "-r").Output()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("--- host kernel:  %s\n", strings.TrimSpace(string(host)))
+	fmt.Printf("--- ctr run --rm --runtime io.containerd.cocoon.v2 %s demo uname -r\n", image)
+	start := time.Now()
+	var guest, stderr strings.Builder
+	cmd := c.CtrCommand(ctx, "run", "--rm", "--runtime", "io.containerd.cocoon.v2", image, "demo", "uname", "-r")
+	cmd.Stdout, cmd.Stderr = &guest, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ctr run: %w\n%s", err, stderr.String())
+	}
+	fmt.Printf("--- guest kernel: %s   (microVM, %.1f s end to end)\n", strings.TrimSpace(guest.String()), time.Since(start).Seconds())
+	return nil
+}
+
+// containerd returns the host's containerd if one answers, else a private
+// one with shimDir on its PATH, and what undoes the demo's traces.
+func containerd(shimDir string) (*harness.Containerd, func(), error) {
+	if conn, err := net.DialTimeout("unix", systemSocket, time.Second); err == nil {
+		conn.Close()
+		ctr, err := exec.LookPath("ctr")
+		if err != nil {
+			return nil, nil, err
+		}
+		c := &harness.Containerd{Address: systemSocket, Namespace: namespace, Bin: filepath.Dir(ctr)}
+		fmt.Printf("--- using the running containerd (%s), namespace %s\n", systemSocket, namespace)
+		list, err := c.Ctr("namespaces", "list", "-q")
+		if err != nil {
+			return nil, nil, err
+		}
+		existed := false
+		for _, ns := range strings.Fields(list) {
+			existed = existed || ns == namespace
+		}
+		return c, func() { clean(c, existed) }, nil
+	}
+	fmt.Println("--- no containerd running: starting a private containerd 1.6 for the demo")
+	c, err := harness.Start("1.6", harness.WithShimDir(shimDir))
+	if err != nil {
+		return nil, nil, err
+	}
+	c.Namespace = namespace
+	return c, func() {
+		if err := c.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+		}
+		fmt.Println("--- private containerd stopped and removed")
+	}, nil
+}
+
+// clean deletes what the demo left in a host's containerd: the container
+// if a failure left it and, unless the namespace was there before, the
+// image, its snapshots and the namespace.
+func clean(c *harness.Containerd, existed bool) {
+	_, _ = c.Ctr("task", "delete", "-f", "demo")
+	_, _ = c.Ctr("container", "delete", "demo")
+	if existed {
+		return
+	}
+	_, _ = c.Ctr("images", "rm", harness.BusyboxRef)
+	// The unpacked layer: a one-layer image has one snapshot.
+	if list, err := c.Ctr("snapshots", "list"); err == nil {
+		for _, l := range strings.Split(list, "\n")[1:] {
+			if f := strings.Fields(l); len(f) > 0 {
+				_, _ = c.Ctr("snapshots", "rm", f[0])
+			}
+		}
+	}
+	if _, err := c.Ctr("namespaces", "remove", namespace); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+	}
+}
