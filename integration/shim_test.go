@@ -685,13 +685,6 @@ func TestShimRefusedOptions(t *testing.T) {
 	}
 	for _, v := range allVersions {
 		t.Run(v, func(t *testing.T) {
-			if v == "2.4" {
-				t.Skip("bug: containerd 2.x retries a Create that failed with ErrNotImplemented over the task v2 API " +
-					"(task_manager.go, \"downgrading client API version\"); the shim's first Create booted the VM and " +
-					"opened then closed the stdout FIFO, ctr's reader is gone, so the retry blocks in stdio.Open until ctr " +
-					"gives up, leaving the container and a shim with a VM: Create must refuse the spec (oci.GuestSpec) " +
-					"before booting or opening stdio, or not answer Unimplemented")
-			}
 			c, img, _ := shimContainerd(t, v)
 			removeAtEnd(t, c, "refused")
 			for _, tc := range cases {

@@ -10,17 +10,24 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/shim/stdio"
 )
 
 // Create creates a container in the sandbox; the first one boots the VM.
 func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*taskapi.CreateTaskResponse, error) {
 	if r.Checkpoint != "" {
-		return nil, errdefs.ErrNotImplemented.WithMessage("restoring a task from a checkpoint is not implemented yet in cocoon")
+		return nil, createRefused(errdefs.ErrNotImplemented.WithMessage("restoring a task from a checkpoint is not implemented yet in cocoon"))
 	}
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
 		return nil, err
+	}
+	// What cannot work in a VM is refused before anything is booted or
+	// opened; the sandbox translates the spec again when it creates the
+	// container.
+	if _, err := oci.GuestSpec(spec); err != nil {
+		return nil, createRefused(fmt.Errorf("container %s: %w", r.ID, err))
 	}
 	if err := s.reserve(r.ID); err != nil {
 		return nil, err
@@ -31,6 +38,17 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 		return nil, err
 	}
 	return &taskapi.CreateTaskResponse{Pid: s.commitCreate(r, p, pio)}, nil
+}
+
+// createRefused turns a "not implemented" refusal into a failed
+// precondition, keeping the message. containerd 2.x takes NotImplemented
+// from a task v3 Create to mean the shim lacks task v3 and sends the
+// Create again over task v2, into stdio its client already closed.
+func createRefused(err error) error {
+	if !errdefs.IsNotImplemented(err) {
+		return err
+	}
+	return errdefs.ErrFailedPrecondition.WithMessage(err.Error())
 }
 
 // reserve claims a container id for a Create in flight.
@@ -81,7 +99,7 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 		Stderr: pio.Stderr(),
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("create container %s: %w", r.ID, err)
+		return nil, nil, createRefused(fmt.Errorf("create container %s: %w", r.ID, err))
 	}
 	return p, pio, nil
 }

@@ -50,7 +50,16 @@ func newTestService(t *testing.T) *testService {
 func (ts *testService) bundle(annotations map[string]string) string {
 	ts.t.Helper()
 	dir := ts.t.TempDir()
-	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sh"}}, Annotations: annotations}
+	spec := specs.Spec{
+		Version:     specs.Version,
+		Process:     &specs.Process{Args: []string{"sh"}, Cwd: "/"},
+		Root:        &specs.Root{Path: "rootfs"},
+		Annotations: annotations,
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+			{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace},
+		}},
+	}
 	data, _ := json.Marshal(spec)
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
 		ts.t.Fatal(err)
@@ -541,5 +550,38 @@ func TestCloseDuringBoot(t *testing.T) {
 	}
 	if !ts.launcher.sandbox(0).isStopped() {
 		t.Error("the VM booted during shutdown still runs")
+	}
+}
+
+// TestCreateRefusesHostNamespacesBeforeBooting: an option a VM cannot
+// honour is refused by name before a VM boots or stdio opens, and never
+// as NotImplemented, which containerd 2.x would take for "no task v3" and
+// retry over task v2.
+func TestCreateRefusesHostNamespacesBeforeBooting(t *testing.T) {
+	ts := newTestService(t)
+	dir := t.TempDir()
+	spec := specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{Args: []string{"sh"}, Cwd: "/"},
+		Root:    &specs.Root{Path: "rootfs"},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.MountNamespace},
+		}},
+	}
+	data, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := ts.svc.Create(context.Background(), &taskapi.CreateTaskRequest{ID: "hostnet", Bundle: dir})
+	if err == nil || !strings.Contains(err.Error(), "net") {
+		t.Fatalf("create with the host network: %v, want an error naming it", err)
+	}
+	if errdefs.IsNotImplemented(err) || !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("create refusal is %v, want a failed precondition", err)
+	}
+	ts.launcher.mu.Lock()
+	defer ts.launcher.mu.Unlock()
+	if len(ts.launcher.launches) != 0 {
+		t.Fatalf("a VM was booted for a refused container")
 	}
 }
