@@ -54,11 +54,3 @@ kernel/drivers/scsi/./sd_mod.ko.zst
 		t.Fatalf("empty list: %v %v", got, err)
 	}
 }
-
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{`/a\040b`: "/a b", `/plain`: "/plain", `/x\\`: `/x\\`, `/t\011`: "/t\t"} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

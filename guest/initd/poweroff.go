@@ -3,11 +3,10 @@
 package initd
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,56 +41,22 @@ func PowerOff() error {
 }
 
 // mountpoints lists mount points from /proc/self/mountinfo, innermost
-// first, without the root.
+// (latest mounted) first, without the root.
 func mountpoints() []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	infos, err := mountinfo.GetMounts(nil)
 	if err != nil {
+		// No /proc: what init mounted itself, in reverse.
 		var out []string
 		for i := len(mounts) - 1; i >= 0; i-- {
 			out = append(out, mounts[i].target)
 		}
 		return out
 	}
-	defer f.Close()
 	var mps []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[4] == "/" {
-			continue
+	for i := len(infos) - 1; i >= 0; i-- {
+		if infos[i].Mountpoint != "/" {
+			mps = append(mps, infos[i].Mountpoint)
 		}
-		mps = append(mps, unescapeMount(fields[4]))
-	}
-	for i, j := 0, len(mps)-1; i < j; i, j = i+1, j-1 {
-		mps[i], mps[j] = mps[j], mps[i]
 	}
 	return mps
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -198,9 +198,3 @@ func TestVersionAndInfo(t *testing.T) {
 		t.Error("start without -namespace accepted")
 	}
 }
-
-func TestUnescapeMountPath(t *testing.T) {
-	if got := unescapeMountPath(`/a\040b\134c\x`); got != `/a b\c\x` {
-		t.Errorf("got %q", got)
-	}
-}
