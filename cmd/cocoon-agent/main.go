@@ -15,9 +15,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/log"
 	"github.com/mdlayher/vsock"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/agent"
@@ -40,6 +42,9 @@ func main() {
 // runInit is PID 1: init duties, then the agent session. It returns only
 // on a fatal error.
 func runInit(ctx context.Context) error {
+	// The console is a terminal, so logrus would colour its lines; the
+	// host reads them as plain text (console.log, error tails).
+	log.L.Logger.SetFormatter(&logrus.TextFormatter{DisableColors: true, FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
 	rep, err := initd.Run(ctx)
 	if rep.Cmdline.Debug {
 		_ = log.SetLevel("debug")
