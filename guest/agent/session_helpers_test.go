@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/agent"
+	"github.com/cocoonrt/cocoon/guest/agent/agenttest"
 	"github.com/cocoonrt/cocoon/guest/api"
 )
 
@@ -24,20 +24,8 @@ type hostSession struct {
 
 func newHostSession(t *testing.T, s *agent.Service) *hostSession {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
+	host, guest := agenttest.SocketPair(t)
+	conns := []net.Conn{host, guest}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() {

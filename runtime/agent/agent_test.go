@@ -69,31 +69,11 @@ type harness struct {
 	sys     *fakeSystem
 }
 
-// socketPair returns two connected unix stream sockets.
-func socketPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
-	return conns[0], conns[1]
-}
-
 // newHarness runs a guest agent in this process, connected to a Client
 // over a socket pair.
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	host, guest := socketPair(t)
+	host, guest := agenttest.SocketPair(t)
 	return newHarnessOn(t, host, guest, true)
 }
 
@@ -173,7 +153,7 @@ func TestPingAndWaitReady(t *testing.T) {
 }
 
 func TestWaitReadyLateAgent(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := agenttest.SocketPair(t)
 	h := newHarnessOn(t, host, guest, false)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -193,7 +173,7 @@ func TestWaitReadyLateAgent(t *testing.T) {
 }
 
 func TestWaitReadyDeadline(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := agenttest.SocketPair(t)
 	h := newHarnessOn(t, host, guest, false)
 	_, err := h.client.WaitReady(testCtx(t, 1500*time.Millisecond))
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -677,7 +657,7 @@ func TestClosedSessionIsUnavailable(t *testing.T) {
 }
 
 func TestGuestOpenedStreamEndsSession(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := agenttest.SocketPair(t)
 	c, err := Connect(context.Background(), host)
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ import (
 func newContainerHarness(t *testing.T, cfg guestagent.Config) *Client {
 	t.Helper()
 	agenttest.NeedContainers(t)
-	host, guest := socketPair(t)
+	host, guest := agenttest.SocketPair(t)
 	// As PID 1 does: container processes are orphans adopted from
 	// runc's pid files, and may exit before they are.
 	r := reaper.New(reaper.Options{Orphans: true})
