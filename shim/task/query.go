@@ -55,11 +55,7 @@ func (s *Service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 
 // Pids lists the guest pids of a container's processes.
 func (s *Service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.PidsResponse, error) {
-	t, err := s.find(r.ID, "", "")
-	if err != nil {
-		return nil, err
-	}
-	sb, err := t.sandbox()
+	sb, err := s.containerSandbox(r.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -77,11 +73,7 @@ func (s *Service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.Pi
 // Stats returns a container's cgroup v2 metrics
 // (io.containerd.cgroups.v2.Metrics, as containerd expects on Linux).
 func (s *Service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
-	t, err := s.find(r.ID, "", "")
-	if err != nil {
-		return nil, err
-	}
-	sb, err := t.sandbox()
+	sb, err := s.containerSandbox(r.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +86,16 @@ func (s *Service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.
 		return nil, fmt.Errorf("stats of container %s: %w", r.ID, err)
 	}
 	return &taskapi.StatsResponse{Stats: a}, nil
+}
+
+// containerSandbox is the running sandbox of container id, for queries
+// answered by the guest.
+func (s *Service) containerSandbox(id string) (Sandbox, error) {
+	t, err := s.find(id, "", "")
+	if err != nil {
+		return nil, err
+	}
+	return t.sandbox()
 }
 
 // Connect tells containerd this shim's pid and the container's.
