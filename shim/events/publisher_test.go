@@ -92,7 +92,9 @@ func TestOrderAndRetry(t *testing.T) {
 	}
 }
 
-// TestReconnect: a containerd restart between events loses nothing.
+// TestReconnect: a containerd restart between events loses nothing. An
+// event whose call was cut by the restart may arrive twice: delivery is at
+// least once, as an unanswered call cannot tell whether it was received.
 func TestReconnect(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "c.sock.ttrpc")
 	f := &fakeContainerd{}
@@ -110,8 +112,15 @@ func TestReconnect(t *testing.T) {
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.topics(); len(got) != 2 || got[1] != "/tasks/exit b" {
-		t.Errorf("got %v", got)
+	got := f.topics()
+	var distinct []string
+	for i, g := range got {
+		if i == 0 || g != got[i-1] {
+			distinct = append(distinct, g)
+		}
+	}
+	if len(distinct) != 2 || distinct[0] != "/tasks/exit a" || distinct[1] != "/tasks/exit b" {
+		t.Errorf("got %v, want a then b (b possibly repeated)", got)
 	}
 }
 
