@@ -38,7 +38,9 @@ const (
 	dialTimeout    = 5 * time.Second
 )
 
-// Publisher forwards events to one containerd.
+// Publisher forwards events to one containerd, in order. Delivery is at
+// least once: a call cut by a containerd restart cannot tell whether the
+// event arrived, so it is sent again.
 type Publisher struct {
 	address string
 	ns      string
