@@ -83,24 +83,7 @@ func baseSpec(t *testing.T, kernel string) hypervisor.Spec {
 // checks nothing is left running.
 func launchForTest(t *testing.T, spec hypervisor.Spec) *VM {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	vm, err := New(Config{}).launch(ctx, spec)
-	if err != nil {
-		t.Fatalf("Launch: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		if err := vm.Stop(ctx); err != nil {
-			t.Errorf("cleanup Stop: %v", err)
-		}
-		Cleanup(ctx, spec.StateDir)
-		if pid := findQEMU(spec.StateDir); pid != 0 {
-			t.Errorf("qemu pid %d still runs after the test", pid)
-		}
-	})
-	return vm
+	return launchForTestWith(t, Config{}, spec)
 }
 
 // launchExpectError launches a spec that must fail; should it start, the VM
