@@ -38,23 +38,15 @@ func newContainerHarness(t *testing.T, cfg guestagent.Config) *Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = svc.Serve(ctx, guest)
-	}()
-	c, err := Connect(ctx, host)
+	// Cleanups run last-registered first: the client goes, then the
+	// session, then the reaper.
+	t.Cleanup(r.Close)
+	agenttest.Serve(t, svc, guest)
+	c, err := Connect(context.Background(), host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		c.Close()
-		cancel()
-		<-served
-		guest.Close()
-		r.Close()
-	})
+	t.Cleanup(func() { c.Close() })
 	return c
 }
 

@@ -154,13 +154,9 @@ func containerSandbox(t *testing.T, gcfg guestagent.Config) (*Sandbox, *diskVM, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = svc.Serve(ctx, conns[1])
-	}()
-	client, err := agent.Connect(ctx, conns[0])
+	t.Cleanup(r.Close)
+	agenttest.Serve(t, svc, conns[1])
+	client, err := agent.Connect(context.Background(), conns[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,12 +168,7 @@ func containerSandbox(t *testing.T, gcfg guestagent.Config) (*Sandbox, *diskVM, 
 		vm: vm, agent: client, stopTimeout: time.Second,
 		rootfs: cache, containersDir: filepath.Join(dir, "data", "containers", "test", "sb"),
 	}
-	t.Cleanup(func() {
-		_ = s.teardown(context.Background())
-		cancel()
-		<-served
-		r.Close()
-	})
+	t.Cleanup(func() { _ = s.teardown(context.Background()) })
 	return s, vm, cache
 }
 

@@ -1,11 +1,14 @@
 package agenttest
 
 import (
+	"context"
 	"net"
 	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cocoonrt/cocoon/guest/agent"
 )
 
 // SocketPair returns two connected unix stream sockets: the host's and
@@ -27,4 +30,21 @@ func SocketPair(t testing.TB) (net.Conn, net.Conn) {
 		conns[i] = c
 	}
 	return conns[0], conns[1]
+}
+
+// Serve runs svc's session on conn until the test ends; the cleanup stops
+// it and waits for it to return.
+func Serve(t testing.TB, svc *agent.Service, conn net.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = svc.Serve(ctx, conn)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-served
+		conn.Close()
+	})
 }
