@@ -170,11 +170,7 @@ func TestShimLifecycle(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "checkpoint is not implemented yet in cocoon") {
 				t.Errorf("checkpoint: %v", err)
 			}
-			c.MustCtr("task", "kill", "-s", "SIGKILL", "life")
-			c.WaitStatus(t, "life", "STOPPED")
-			c.MustCtr("task", "rm", "life")
-			c.MustCtr("container", "rm", "life")
-			c.WaitNoShim(t)
+			killAndRemove(t, c, "life")
 		})
 	}
 }
@@ -199,13 +195,7 @@ func TestShimGrouping(t *testing.T) {
 			if ents, _ := filepath.Glob(filepath.Join(stateDir, c.Namespace, "*")); len(ents) != 1 {
 				t.Errorf("sandboxes %v, want only pod1", ents)
 			}
-			for _, id := range []string{"app1", "pod1"} {
-				c.MustCtr("task", "kill", "-s", "SIGKILL", id)
-				c.WaitStatus(t, id, "STOPPED")
-				c.MustCtr("task", "rm", id)
-				c.MustCtr("container", "rm", id)
-			}
-			c.WaitNoShim(t)
+			killAndRemove(t, c, "app1", "pod1")
 		})
 	}
 }
@@ -380,11 +370,7 @@ func TestShimStatsUpdate(t *testing.T) {
 			if n := metric(t, c.MustCtr("task", "metrics", "st"), "memory.usage_limit"); n != 67108864 {
 				t.Errorf("memory.usage_limit after update = %d, want 67108864", n)
 			}
-			c.MustCtr("task", "kill", "-s", "SIGKILL", "st")
-			c.WaitStatus(t, "st", "STOPPED")
-			c.MustCtr("task", "rm", "st")
-			c.MustCtr("container", "rm", "st")
-			c.WaitNoShim(t)
+			killAndRemove(t, c, "st")
 		})
 	}
 }
@@ -440,15 +426,7 @@ func TestShimParallel(t *testing.T) {
 					t.Errorf("exec in %s: %q", id, out)
 				}
 			}
-			for _, id := range ids {
-				c.MustCtr("task", "kill", "-s", "SIGKILL", id)
-			}
-			for _, id := range ids {
-				c.WaitStatus(t, id, "STOPPED")
-				c.MustCtr("task", "rm", id)
-				c.MustCtr("container", "rm", id)
-			}
-			c.WaitNoShim(t)
+			killAndRemove(t, c, ids...)
 		})
 	}
 }
@@ -700,4 +678,19 @@ func TestShimRefusedOptions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// killAndRemove SIGKILLs the tasks of ids (all first, then waits), removes
+// them and their containers, and waits until no shim is left.
+func killAndRemove(t *testing.T, c *harness.Containerd, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		c.MustCtr("task", "kill", "-s", "SIGKILL", id)
+	}
+	for _, id := range ids {
+		c.WaitStatus(t, id, "STOPPED")
+		c.MustCtr("task", "rm", id)
+		c.MustCtr("container", "rm", id)
+	}
+	c.WaitNoShim(t)
 }
