@@ -63,9 +63,9 @@ var standardDevices = map[string]standardDevice{
 //     hooks on the host removes them from the spec before calling
 //     GuestSpec. startContainer hooks run inside the container and are
 //     kept. ErrNotImplemented.
-//   - per-device block I/O limits, RDMA limits, net_cls/net_prio and
-//     Intel RDT: they name host devices or host-only controllers.
-//     ErrNotImplemented.
+//   - per-device block I/O limits, RDMA limits, net_cls/net_prio, Intel
+//     RDT and network devices to move into the container: they name host
+//     devices or host-only controllers. ErrNotImplemented.
 //   - a spec without process or linux section, or for another platform
 //     (windows, solaris, vm). ErrInvalidArgument or ErrNotImplemented.
 func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
@@ -108,6 +108,9 @@ func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
 		checkResources(g.Linux.Resources, fail)
 		if g.Linux.IntelRdt != nil {
 			fail(errdefs.ErrNotImplemented, "linux.intelRdt: Intel RDT is a host resource the VM does not have")
+		}
+		for name := range g.Linux.NetDevices {
+			fail(errdefs.ErrNotImplemented, "linux.netDevices: network device %s is a host device; it cannot move into the VM", name)
 		}
 	}
 	checkMounts(g.Mounts, fail)

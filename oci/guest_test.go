@@ -129,6 +129,7 @@ func TestGuestSpecRefuses(t *testing.T) {
 			s.Linux.Resources.Network = &specs.LinuxNetwork{ClassID: ptr(uint32(3))}
 		}, errdefs.IsNotImplemented, "net_cls"},
 		{"intel rdt", func(s *specs.Spec) { s.Linux.IntelRdt = &specs.LinuxIntelRdt{} }, errdefs.IsNotImplemented, "intelRdt"},
+		{"net devices", func(s *specs.Spec) { s.Linux.NetDevices = map[string]specs.LinuxNetDevice{"eth1": {}} }, errdefs.IsNotImplemented, "netDevices: network device eth1"},
 		{"no process", func(s *specs.Spec) { s.Process = nil }, errdefs.IsInvalidArgument, "no process"},
 		{"no linux", func(s *specs.Spec) { s.Linux = nil }, errdefs.IsInvalidArgument, "no linux"},
 		{"windows", func(s *specs.Spec) { s.Windows = &specs.Windows{} }, errdefs.IsNotImplemented, "windows"},

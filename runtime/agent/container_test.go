@@ -102,7 +102,7 @@ func TestClientContainer(t *testing.T) {
 	if err := c.ResumeContainer(ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.UpdateContainer(ctx, "web", mustJSON(t, &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: 100}})); err != nil {
+	if err := c.UpdateContainer(ctx, "web", mustJSON(t, &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: new(int64(100))}})); err != nil {
 		t.Fatal(err)
 	}
 	m, err := c.ContainerStats(ctx, "web")

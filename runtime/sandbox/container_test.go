@@ -223,7 +223,7 @@ func TestSandboxContainer(t *testing.T) {
 	if err := s.ResumeContainer(ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.UpdateContainer(ctx, "web", &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: 50}}); err != nil {
+	if err := s.UpdateContainer(ctx, "web", &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: new(int64(50))}}); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := s.ContainerStats(ctx, "web"); err != nil || m.CPU == nil {
