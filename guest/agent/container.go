@@ -33,7 +33,7 @@ const (
 	// MaxResourcesSize bounds the resources of UpdateContainer (JSON).
 	MaxResourcesSize = 1 << 20
 	// initExitTimeout bounds the wait, when a created container is
-	// deleted, for runc's kill of its init to be reaped.
+	// deleted, for the runtime's kill of its init to be reaped.
 	initExitTimeout = 10 * time.Second
 )
 
@@ -64,11 +64,11 @@ type RootfsAssembler interface {
 //	   │                  ▲ ◀──resume──────┘
 //	   └──── init exits (any state) ──▶ stopped ──delete──▶ gone
 //
-// A created container can be deleted too (runc kills its init).
+// A created container can be deleted too (the runtime kills its init).
 type containerState int
 
 const (
-	// stateCreated: runc create succeeded; the init waits for start.
+	// stateCreated: create succeeded; the init waits for start.
 	stateCreated containerState = iota
 	// stateRunning: the init runs its entrypoint.
 	stateRunning
@@ -94,7 +94,7 @@ func (s containerState) String() string {
 
 // lifecycleOp is a call that moves a container between states. While one
 // runs, the container is busy and other lifecycle calls are refused; no
-// lock is held across the runc call itself.
+// lock is held across the runtime call itself.
 type lifecycleOp struct {
 	// doing names the op in the busy message.
 	doing string
@@ -118,10 +118,10 @@ var (
 		rule: "kill it and let it stop before deleting it", quiesce: true}
 )
 
-// container is one container that runc runs in the guest.
+// container is one container that the OCI runtime runs in the guest.
 type container struct {
 	id string
-	// dir is the bundle: config.json, the rootfs mounts, runc's logs.
+	// dir is the bundle: config.json, the rootfs mounts, the runtime's logs.
 	dir string
 	// cgroup is the container's cgroup v2 directory.
 	cgroup string
@@ -142,9 +142,9 @@ type container struct {
 	exited bool
 	// execs counts ExecProcess calls in progress.
 	execs int
-	// runcDeleted is set once runc forgot the container, so that a
+	// runtimeDeleted is set once the runtime forgot the container, so that a
 	// retried delete only redoes the unmounts.
-	runcDeleted bool
+	runtimeDeleted bool
 }
 
 func (c *container) currentLocked() containerState {
@@ -198,8 +198,8 @@ func (c *container) initExited(reaper.Exit) {
 
 // containerSet is the agent's containers and what drives them.
 type containerSet struct {
-	// runc runs the containers.
-	runc *runc
+	// oci runs the containers.
+	oci *ociRuntime
 	// rootfs assembles their root filesystems.
 	rootfs RootfsAssembler
 	// dir is Config.ContainerDir.
@@ -222,11 +222,11 @@ type containerSet struct {
 }
 
 func setContainerDefaults(cfg *Config) {
-	if cfg.Runc == "" {
-		cfg.Runc = DefaultRunc
+	if cfg.Runtime == "" {
+		cfg.Runtime = DefaultRuntime
 	}
-	if cfg.RuncRoot == "" {
-		cfg.RuncRoot = DefaultRuncRoot
+	if cfg.RuntimeRoot == "" {
+		cfg.RuntimeRoot = DefaultRuntimeRoot
 	}
 	if cfg.ContainerDir == "" {
 		cfg.ContainerDir = DefaultContainerDir
@@ -243,14 +243,14 @@ func setContainerDefaults(cfg *Config) {
 	if cfg.MaxEvents <= 0 {
 		cfg.MaxEvents = DefaultMaxEvents
 	}
-	if !cfg.RuncNoPivot && rootIsInitramfs() {
-		cfg.RuncNoPivot = true
+	if !cfg.NoPivot && rootIsInitramfs() {
+		cfg.NoPivot = true
 	}
 }
 
 func newContainerSet(cfg Config) *containerSet {
 	return &containerSet{
-		runc:       &runc{path: cfg.Runc, root: cfg.RuncRoot, noPivot: cfg.RuncNoPivot, reaper: cfg.Reaper},
+		oci:        &ociRuntime{path: cfg.Runtime, root: cfg.RuntimeRoot, noPivot: cfg.NoPivot, reaper: cfg.Reaper},
 		rootfs:     cfg.Rootfs,
 		dir:        cfg.ContainerDir,
 		cgroupRoot: cfg.CgroupRoot,
@@ -362,6 +362,9 @@ func parseSpec(id string, data []byte) (*specs.Spec, error) {
 		return nil, err
 	}
 	spec.Linux.CgroupsPath = path
+	if err := downlevelSpec(id, &spec); err != nil {
+		return nil, err
+	}
 	return &spec, nil
 }
 
@@ -390,6 +393,10 @@ func parseProcess(id string, data []byte) (*specs.Process, error) {
 	if len(p.Args) == 0 {
 		return nil, fmt.Errorf("process %s: no program to run: %w", id, errdefs.ErrInvalidArgument)
 	}
+	if extra := processAdditions(&p); len(extra) > 0 {
+		return nil, fmt.Errorf("process %s: the guest's OCI runtime reads runtime-spec %s, without %s: %w",
+			id, runtimeSpecVersion, strings.Join(extra, ", "), errdefs.ErrNotImplemented)
+	}
 	return &p, nil
 }
 
@@ -406,7 +413,7 @@ func (u *undoStack) run() {
 }
 
 // CreateContainer assembles the container's rootfs, writes its bundle
-// and runs `runc create`; the init process exists, stopped before its
+// and runs the runtime's `create`; the init process exists, stopped before its
 // entrypoint, when it returns.
 func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerRequest) (_ *api.StartProcessResponse, retErr error) {
 	cs := s.containers
@@ -498,15 +505,15 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	adoption := s.cfg.Reaper.Expect()
 	defer adoption.Done()
 	pidFile := filepath.Join(dir, "init.pid")
-	runcBegan := time.Now()
-	if err := cs.runc.create(ctx, id, dir, pidFile, cio.socketPath, cio.runcStdio()); err != nil {
+	createBegan := time.Now()
+	if err := cs.oci.create(ctx, id, dir, pidFile, cio.socketPath, cio.ociStdio()); err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
 	}
-	runcCreate := time.Since(runcBegan)
+	ociCreate := time.Since(createBegan)
 	undo.push(func() {
 		// Kills the init too; the reaper collects it.
-		if err := cs.runc.delete(cleanupCtx, id, dir); err != nil {
-			log.G(ctx).WithError(err).Warn("undo runc create")
+		if err := cs.oci.delete(cleanupCtx, id, dir); err != nil {
+			log.G(ctx).WithError(err).Warn("undo create")
 		}
 	})
 	pid, err := readPidFile(pidFile)
@@ -540,24 +547,24 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	cs.byID[id] = c
 	cs.mu.Unlock()
 	log.G(ctx).WithField("pid", pid).WithField("process", req.ProcessId).
-		WithField("rootfs_ms", assembled.Milliseconds()).WithField("runc_create_ms", runcCreate.Milliseconds()).
+		WithField("rootfs_ms", assembled.Milliseconds()).WithField("create_ms", ociCreate.Milliseconds()).
 		Info("container created")
 	return &api.StartProcessResponse{Pid: uint32(pid)}, nil
 }
 
-// StartContainer runs `runc start`.
+// StartContainer runs the runtime's `start`.
 func (s *Service) StartContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
-	return s.lifecycle(ctx, req.ContainerId, opStart, s.containers.runc.start)
+	return s.lifecycle(ctx, req.ContainerId, opStart, s.containers.oci.start)
 }
 
-// PauseContainer freezes the container (`runc pause`).
+// PauseContainer freezes the container (`pause`).
 func (s *Service) PauseContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
-	return s.lifecycle(ctx, req.ContainerId, opPause, s.containers.runc.pause)
+	return s.lifecycle(ctx, req.ContainerId, opPause, s.containers.oci.pause)
 }
 
-// ResumeContainer thaws the container (`runc resume`).
+// ResumeContainer thaws the container (`resume`).
 func (s *Service) ResumeContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
-	return s.lifecycle(ctx, req.ContainerId, opResume, s.containers.runc.resume)
+	return s.lifecycle(ctx, req.ContainerId, opResume, s.containers.oci.resume)
 }
 
 func (s *Service) lifecycle(ctx context.Context, id string, op lifecycleOp, call func(ctx context.Context, id, dir string) error) (*api.Empty, error) {
@@ -577,7 +584,7 @@ func (s *Service) lifecycle(ctx context.Context, id string, op lifecycleOp, call
 	return &api.Empty{}, nil
 }
 
-// ExecProcess runs a process in a running container (`runc exec`).
+// ExecProcess runs a process in a running container (`exec`).
 func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) (_ *api.StartProcessResponse, retErr error) {
 	if err := api.ValidID(req.ProcessId); err != nil {
 		return nil, fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, err)
@@ -637,7 +644,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) 
 	}
 	adoption := s.cfg.Reaper.Expect()
 	defer adoption.Done()
-	if err := s.containers.runc.exec(ctx, c.id, c.dir, processFile, pidFile, cio.socketPath, cio.runcStdio()); err != nil {
+	if err := s.containers.oci.exec(ctx, c.id, c.dir, processFile, pidFile, cio.socketPath, cio.ociStdio()); err != nil {
 		if c.current() == stateStopped {
 			return nil, fmt.Errorf("container %s stopped while process %s was being executed: %w", c.id, req.ProcessId, errdefs.ErrFailedPrecondition)
 		}
@@ -683,7 +690,7 @@ func (s *Service) KillContainer(ctx context.Context, req *api.KillContainerReque
 	if c.current() == stateStopped {
 		return nil, notRunning()
 	}
-	if err := s.containers.runc.kill(ctx, c.id, c.dir, unix.Signal(req.Signal), req.All); err != nil {
+	if err := s.containers.oci.kill(ctx, c.id, c.dir, unix.Signal(req.Signal), req.All); err != nil {
 		if c.current() == stateStopped {
 			// The init exited meanwhile.
 			return nil, notRunning()
@@ -693,7 +700,7 @@ func (s *Service) KillContainer(ctx context.Context, req *api.KillContainerReque
 	return &api.Empty{}, nil
 }
 
-// DeleteContainer removes a created or stopped container: `runc delete`,
+// DeleteContainer removes a created or stopped container: `delete`,
 // then its rootfs is unmounted and its directory removed. The processes'
 // exit statuses stay for WaitProcess.
 func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
@@ -708,24 +715,24 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 	ok := false
 	defer func() { c.end(opDelete, ok) }()
 	c.mu.Lock()
-	runcDeleted := c.runcDeleted
+	runtimeDeleted := c.runtimeDeleted
 	c.mu.Unlock()
-	if !runcDeleted {
-		if err := cs.runc.delete(ctx, c.id, c.dir); err != nil {
+	if !runtimeDeleted {
+		if err := cs.oci.delete(ctx, c.id, c.dir); err != nil {
 			return nil, fmt.Errorf("container %s: %w", c.id, err)
 		}
 		c.mu.Lock()
-		c.runcDeleted = true
+		c.runtimeDeleted = true
 		c.mu.Unlock()
 	}
-	// runc delete kills the init of a created container; nothing may run
+	// delete kills the init of a created container; nothing may run
 	// in the rootfs when it is unmounted.
 	timer := time.NewTimer(initExitTimeout)
 	defer timer.Stop()
 	select {
 	case <-c.init.child.Done():
 	case <-timer.C:
-		return nil, fmt.Errorf("container %s: init process did not exit within %s of runc delete: %w", c.id, initExitTimeout, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("container %s: init process did not exit within %s of the runtime's delete: %w", c.id, initExitTimeout, errdefs.ErrUnavailable)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("container %s: wait for init to exit: %w", c.id, ctx.Err())
 	}
@@ -744,7 +751,7 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 	return &api.Empty{}, nil
 }
 
-// UpdateContainer applies new resource limits (`runc update`).
+// UpdateContainer applies new resource limits (`update`).
 func (s *Service) UpdateContainer(ctx context.Context, req *api.UpdateContainerRequest) (*api.Empty, error) {
 	c, err := s.containers.get(req.ContainerId)
 	if err != nil {
@@ -764,7 +771,7 @@ func (s *Service) UpdateContainer(ctx context.Context, req *api.UpdateContainerR
 	if err != nil {
 		return nil, err
 	}
-	if err := s.containers.runc.update(ctx, c.id, c.dir, data); err != nil {
+	if err := s.containers.oci.update(ctx, c.id, c.dir, data); err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.id, err)
 	}
 	return &api.Empty{}, nil

@@ -42,7 +42,7 @@ func run(t *testing.T, name string, args ...string) {
 // TestContainerOnDisks assembles a container's rootfs from real block
 // devices: two EROFS layers and an ext4 scratch disk on loop devices,
 // found through a sysfs laid out as the guest's SCSI controller shows
-// them. Only the discovery is faked; the mounts and runc are real.
+// them. Only the discovery is faked; the mounts and the OCI runtime are real.
 func TestContainerOnDisks(t *testing.T) {
 	agenttest.NeedContainers(t)
 	for _, tool := range []string{"mkfs.erofs", "mkfs.ext4", "losetup"} {

@@ -18,20 +18,20 @@ import (
 	"github.com/cocoonrt/cocoon/guest/api"
 )
 
-// consoleTimeout bounds the wait for the pty master runc sent before
+// consoleTimeout bounds the wait for the pty master the runtime sent before
 // it returned.
 const consoleTimeout = 5 * time.Second
 
 // maxSocketPath is what fits in sockaddr_un.sun_path.
 const maxSocketPath = 107
 
-// containerIO is the stdio of a container process while runc starts it:
-// pipes that runc hands on as the process's fds 0-2, or for a terminal a
-// console socket on which runc sends the pty master.
+// containerIO is the stdio of a container process while the OCI runtime starts it:
+// pipes that the runtime hands on as the process's fds 0-2, or for a terminal a
+// console socket on which the runtime sends the pty master.
 type containerIO struct {
 	pio     *stdio
 	streams streamSet
-	// null is runc's stdio when the process has a terminal.
+	// null is the runtime's stdio when the process has a terminal.
 	null *os.File
 	// listener and socketPath are the console socket (terminal only).
 	listener   *net.UnixListener
@@ -94,15 +94,15 @@ func (s *Service) newContainerIO(ctx context.Context, id string, terminal, stdin
 	return cio, nil
 }
 
-// runcStdio is what runc gets as its fds 0-2.
-func (c *containerIO) runcStdio() [3]*os.File {
+// ociStdio is what the runtime gets as its fds 0-2.
+func (c *containerIO) ociStdio() [3]*os.File {
 	if c.null != nil {
 		return [3]*os.File{c.null, c.null, c.null}
 	}
 	return c.pio.child
 }
 
-// started finishes the set-up once runc has started the process: the
+// started finishes the set-up once the runtime has started the process: the
 // process's ends of the pipes are closed here, and a terminal's master
 // is received.
 func (c *containerIO) started() error {
@@ -141,14 +141,14 @@ func (c *containerIO) closeSocket() {
 	}
 }
 
-// receiveConsole accepts runc's connection on the console socket and
+// receiveConsole accepts the runtime's connection on the console socket and
 // returns the pty master it sent, non-blocking so that it can be read
 // with deadlines.
 func receiveConsole(l *net.UnixListener) (*os.File, error) {
 	_ = l.SetDeadline(time.Now().Add(consoleTimeout))
 	conn, err := l.AcceptUnix()
 	if err != nil {
-		return nil, fmt.Errorf("receive terminal from runc: %w", err)
+		return nil, fmt.Errorf("receive terminal from the OCI runtime: %w", err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(consoleTimeout))
@@ -166,14 +166,14 @@ func receiveConsole(l *net.UnixListener) (*os.File, error) {
 		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), name, oob, unix.MSG_CMSG_CLOEXEC)
 		return rerr != unix.EAGAIN
 	}); err != nil {
-		return nil, fmt.Errorf("receive terminal from runc: %w", err)
+		return nil, fmt.Errorf("receive terminal from the OCI runtime: %w", err)
 	}
 	if rerr != nil {
-		return nil, fmt.Errorf("receive terminal from runc: %w", rerr)
+		return nil, fmt.Errorf("receive terminal from the OCI runtime: %w", rerr)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil {
-		return nil, fmt.Errorf("receive terminal from runc: %w", err)
+		return nil, fmt.Errorf("receive terminal from the OCI runtime: %w", err)
 	}
 	var fds []int
 	for i := range msgs {
@@ -185,7 +185,7 @@ func receiveConsole(l *net.UnixListener) (*os.File, error) {
 		for _, fd := range fds {
 			_ = unix.Close(fd)
 		}
-		return nil, fmt.Errorf("runc sent %d descriptors for the terminal, want 1: %w", len(fds), errdefs.ErrUnknown)
+		return nil, fmt.Errorf("the OCI runtime sent %d descriptors for the terminal, want 1: %w", len(fds), errdefs.ErrUnknown)
 	}
 	if err := unix.SetNonblock(fds[0], true); err != nil {
 		_ = unix.Close(fds[0])

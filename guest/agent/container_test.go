@@ -46,7 +46,7 @@ func newContainerService(t *testing.T, cfg agent.Config) *containerService {
 	t.Helper()
 	agenttest.NeedContainers(t)
 	// As PID 1 does: container processes are orphans adopted from
-	// runc's pid files, and may exit before they are.
+	// the runtime's pid files, and may exit before they are.
 	r := reaper.New(reaper.Options{Orphans: true})
 	t.Cleanup(r.Close)
 	cfg.System, cfg.Reaper = quietSystem{}, r
@@ -67,12 +67,12 @@ func newContainerService(t *testing.T, cfg agent.Config) *containerService {
 	return cs
 }
 
-// cleanupContainers removes what a failed test left in runc.
+// cleanupContainers removes what a failed test left in the OCI runtime.
 func cleanupContainers(t *testing.T, cfg agent.Config) {
-	entries, _ := os.ReadDir(cfg.RuncRoot)
+	entries, _ := os.ReadDir(cfg.RuntimeRoot)
 	for _, e := range entries {
 		t.Logf("left over container %s: deleting", e.Name())
-		_ = runcForce(cfg, e.Name())
+		_ = runtimeForce(cfg, e.Name())
 	}
 }
 
@@ -260,7 +260,7 @@ func TestContainerLifecycle(t *testing.T) {
 
 	// Update, stats, pids.
 	limit := int64(64)
-	res, _ := json.Marshal(&specs.LinuxResources{Pids: &specs.LinuxPids{Limit: limit}})
+	res, _ := json.Marshal(&specs.LinuxResources{Pids: &specs.LinuxPids{Limit: &limit}})
 	if _, err := cs.UpdateContainer(ctx, &api.UpdateContainerRequest{ContainerId: "life", Resources: res}); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +434,7 @@ func TestContainerCreateFailureUnwinds(t *testing.T) {
 	_, err := cs.CreateContainer(ctx, &api.CreateContainerRequest{
 		ContainerId: "bad", ProcessId: "bad-init", Spec: specJSON(t, bad), Rootfs: oneLayer, Stdout: true,
 	})
-	if err == nil || !strings.Contains(err.Error(), "runc create") {
+	if err == nil || !strings.Contains(err.Error(), " create: ") {
 		t.Fatalf("create with an impossible mount: %v", err)
 	}
 	p.copied.Wait() // the stream was closed
@@ -550,7 +550,7 @@ func TestContainerOOM(t *testing.T) {
 }
 
 // TestContainersConcurrently creates containers and runs short execs in
-// parallel: execs that exit before runc has returned must still report.
+// parallel: execs that exit before the runtime has returned must still report.
 func TestContainersConcurrently(t *testing.T) {
 	cs := newContainerService(t, agent.Config{})
 	ctx := ctxFor(t, 2*time.Minute)

@@ -15,10 +15,11 @@
 // reaper package, which is also correct when the agent runs as an ordinary
 // process (tests, debugging).
 //
-// Containers run with runc's CLI, every runc process started through the
-// reaper. A container's init and its execs are grandchildren of the agent
-// (runc forks them and exits); they are reparented to the agent and
-// adopted by the reaper from runc's pid file, and from then on they are
+// Containers run with an OCI runtime's CLI (crun in the guest image; runc
+// works too), every runtime process started through the reaper. A
+// container's init and its execs are grandchildren of the agent (the
+// runtime forks them and exits); they are reparented to the agent and
+// adopted by the reaper from the runtime's pid file, and from then on they are
 // processes like any other: their stdio goes through the same streams,
 // and WaitProcess, SignalProcess, CloseStdin and ResizePty work on them.
 // Each container's root filesystem is assembled from the disks the host

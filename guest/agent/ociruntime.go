@@ -23,73 +23,77 @@ import (
 	"github.com/cocoonrt/cocoon/guest/agent/reaper"
 )
 
-// Bounds on what a runc call returns to the agent.
+// Bounds on what a runtime call returns to the agent.
 const (
-	maxRuncOutput = 1 << 20
-	maxRuncStderr = 64 << 10
-	// runcLogTail is how much of a call's log is searched for its error.
-	runcLogTail = 64 << 10
-	// runcPipeDrain bounds the wait for a finished runc's output pipes,
+	maxOCIOutput = 1 << 20
+	maxOCIStderr = 64 << 10
+	// ociLogTail is how much of a call's log is searched for its error.
+	ociLogTail = 64 << 10
+	// ociPipeDrain bounds the wait for a finished runtime's output pipes,
 	// which a process it left behind could hold open.
-	runcPipeDrain = 2 * time.Second
+	ociPipeDrain = 2 * time.Second
 )
 
-// runc drives the runc CLI. It is a small wrapper of its own rather than
-// containerd's go-runc because every runc process must be started through
-// the agent's reaper (the only waiter for children of PID 1): go-runc runs
-// exec.Cmd, whose Wait races the reaper, behind a package-level monitor.
-type runc struct {
-	// path is the runc binary.
+// ociRuntime drives an OCI runtime through the command line that runc
+// defined and crun follows (create, start, exec --detach, kill, delete,
+// pause, resume, update; --root, --log, --log-format json). The guest
+// image ships crun: under emulation a C runtime starts a container in a
+// third of the time the Go runtime of runc needs, and either binary works.
+//
+// It is a small wrapper of its own rather than containerd's go-runc
+// because every runtime process must be started through the agent's
+// reaper (the only waiter for children of PID 1): go-runc runs exec.Cmd,
+// whose Wait races the reaper, behind a package-level monitor.
+type ociRuntime struct {
+	// path is the runtime binary; its base name prefixes errors.
 	path string
-	// root is runc's state directory (--root).
+	// root is the runtime's state directory (--root).
 	root string
-	// noPivot passes --no-pivot to create: the agent's root is the
-	// initramfs, which pivot_root cannot leave.
+	// noPivot passes --no-pivot to create: the runtime enters the
+	// container root with MS_MOVE and chroot, not pivot_root.
 	noPivot bool
-	// reaper starts every runc process and collects its exit.
+	// reaper starts every runtime process and collects its exit.
 	reaper *reaper.Reaper
 	// seq numbers the calls' log files.
 	seq atomic.Uint64
 }
 
-// runcCall is one invocation of runc.
-type runcCall struct {
-	// args follow runc's global flags.
+// ociCall is one invocation of the runtime.
+type ociCall struct {
+	// args follow the runtime's global flags.
 	args []string
 	// logDir receives the call's log file (removed afterwards).
 	logDir string
-	// stdio, if set, are runc's fds 0-2, which it hands on to the
-	// container process it starts. Otherwise stdin is stdinData (or
-	// /dev/null) and stdout and stderr are captured.
+	// stdio, if set, are the runtime's fds 0-2, which it hands on to the
+	// container process it starts. Otherwise stdin is /dev/null and
+	// stdout and stderr are captured.
 	stdio *[3]*os.File
-	// stdinData is written to runc's stdin when stdio is nil.
-	stdinData []byte
 }
 
-// runcError is a failed runc call.
-type runcError struct {
-	// cmd is runc's command (create, start...).
+// ociError is a failed runtime call.
+type ociError struct {
+	// cmd is the runtime and its command ("crun create").
 	cmd string
-	// msg is the error runc logged, or its stderr.
+	// msg is the error the runtime logged, or its stderr.
 	msg string
-	// err is how the call failed (runc's exit status).
+	// err is how the call failed (the runtime's exit status).
 	err error
 }
 
-func (e *runcError) Error() string {
+func (e *ociError) Error() string {
 	if e.msg == "" {
-		return fmt.Sprintf("runc %s: %v", e.cmd, e.err)
+		return fmt.Sprintf("%s: %v", e.cmd, e.err)
 	}
-	return fmt.Sprintf("runc %s: %s", e.cmd, e.msg)
+	return fmt.Sprintf("%s: %s", e.cmd, e.msg)
 }
 
-func (e *runcError) Unwrap() error { return e.err }
+func (e *ociError) Unwrap() error { return e.err }
 
-// run runs one runc command and returns its stdout (when captured). A
-// cancelled ctx kills runc.
-func (r *runc) run(ctx context.Context, c runcCall) (_ []byte, retErr error) {
-	cmd := c.args[0]
-	logPath := filepath.Join(c.logDir, fmt.Sprintf("runc-%d.log", r.seq.Add(1)))
+// run runs one runtime command and returns its stdout (when captured). A
+// cancelled ctx kills the runtime.
+func (r *ociRuntime) run(ctx context.Context, c ociCall) (_ []byte, retErr error) {
+	cmd := filepath.Base(r.path) + " " + c.args[0]
+	logPath := filepath.Join(c.logDir, fmt.Sprintf("oci-%d.log", r.seq.Add(1)))
 	defer os.Remove(logPath)
 	argv := append([]string{r.path, "--root", r.root, "--log", logPath, "--log-format", "json"}, c.args...)
 
@@ -117,24 +121,10 @@ func (r *runc) run(ctx context.Context, c runcCall) (_ []byte, retErr error) {
 		}
 		ours = append(ours, null)
 		files[0] = null
-		if c.stdinData != nil {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				return nil, fmt.Errorf("runc %s: stdin pipe: %w", cmd, err)
-			}
-			ours = append(ours, pr)
-			files[0] = pr
-			go func(data []byte) {
-				// runc reads its input to EOF before acting; if it
-				// fails first, the write fails and that is all.
-				_, _ = pw.Write(data)
-				_ = pw.Close()
-			}(c.stdinData)
-		}
 		for i := 1; i <= 2; i++ {
 			pr, pw, err := os.Pipe()
 			if err != nil {
-				return nil, fmt.Errorf("runc %s: output pipe: %w", cmd, err)
+				return nil, fmt.Errorf("%s: output pipe: %w", cmd, err)
 			}
 			ours = append(ours, pw)
 			outputs = append(outputs, pr)
@@ -153,7 +143,7 @@ func (r *runc) run(ctx context.Context, c runcCall) (_ []byte, retErr error) {
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("runc %s: %w", cmd, execError(r.path, err))
+		return nil, fmt.Errorf("%s: %w", cmd, execError(r.path, err))
 	}
 	for _, f := range ours {
 		_ = f.Close()
@@ -162,15 +152,15 @@ func (r *runc) run(ctx context.Context, c runcCall) (_ []byte, retErr error) {
 
 	var copying sync.WaitGroup
 	for i, f := range outputs {
-		buf, limit := &stdout, int64(maxRuncOutput)
+		buf, limit := &stdout, int64(maxOCIOutput)
 		if i == 1 {
-			buf, limit = &stderr, maxRuncStderr
+			buf, limit = &stderr, maxOCIStderr
 		}
 		copying.Add(1)
 		go func() {
 			defer copying.Done()
 			_, _ = io.Copy(buf, io.LimitReader(f, limit))
-			// Drain the rest so runc never blocks on a full pipe.
+			// Drain the rest so the runtime never blocks on a full pipe.
 			_, _ = io.Copy(io.Discard, f)
 		}()
 	}
@@ -183,35 +173,36 @@ func (r *runc) run(ctx context.Context, c runcCall) (_ []byte, retErr error) {
 			_ = f.SetReadDeadline(time.Now())
 		}
 		copying.Wait()
-		return nil, fmt.Errorf("runc %s: %w", cmd, ctx.Err())
+		return nil, fmt.Errorf("%s: %w", cmd, ctx.Err())
 	}
 	for _, f := range outputs {
-		_ = f.SetReadDeadline(time.Now().Add(runcPipeDrain))
+		_ = f.SetReadDeadline(time.Now().Add(ociPipeDrain))
 	}
 	copying.Wait()
 
 	exit := child.Exit()
 	if exit.Status() != 0 {
-		msg := lastRuncError(logPath)
+		msg := lastOCIError(logPath)
 		if msg == "" {
 			msg = strings.TrimSpace(stderr.String())
 		}
-		return nil, &runcError{cmd: cmd, msg: msg, err: fmt.Errorf("exit status %d", exit.Status())}
+		return nil, &ociError{cmd: cmd, msg: msg, err: fmt.Errorf("exit status %d", exit.Status())}
 	}
 	return stdout.Bytes(), nil
 }
 
-// lastRuncError returns the last error runc logged (JSON log format).
-func lastRuncError(path string) string {
+// lastOCIError returns the last error the runtime logged (JSON log
+// format, the same in runc and crun).
+func lastOCIError(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > runcLogTail {
-		_, _ = f.Seek(fi.Size()-runcLogTail, io.SeekStart)
+	if fi, err := f.Stat(); err == nil && fi.Size() > ociLogTail {
+		_, _ = f.Seek(fi.Size()-ociLogTail, io.SeekStart)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, runcLogTail))
+	b, err := io.ReadAll(io.LimitReader(f, ociLogTail))
 	if err != nil {
 		return ""
 	}
@@ -231,10 +222,10 @@ func lastRuncError(path string) string {
 	return ""
 }
 
-// create runs `runc create`. stdio are the container init's fds 0-2 (for
+// create runs `create`. stdio are the container init's fds 0-2 (for
 // a terminal, /dev/null: the init gets the pty whose master arrives on
 // consoleSocket).
-func (r *runc) create(ctx context.Context, id, bundle, pidFile, consoleSocket string, stdio [3]*os.File) error {
+func (r *ociRuntime) create(ctx context.Context, id, bundle, pidFile, consoleSocket string, stdio [3]*os.File) error {
 	args := []string{"create", "--bundle", bundle, "--pid-file", pidFile}
 	if consoleSocket != "" {
 		args = append(args, "--console-socket", consoleSocket)
@@ -242,70 +233,83 @@ func (r *runc) create(ctx context.Context, id, bundle, pidFile, consoleSocket st
 	if r.noPivot {
 		args = append(args, "--no-pivot")
 	}
-	_, err := r.run(ctx, runcCall{args: append(args, id), logDir: bundle, stdio: &stdio})
+	_, err := r.run(ctx, ociCall{args: append(args, id), logDir: bundle, stdio: &stdio})
 	return err
 }
 
-// start runs `runc start`: the init process execs the entrypoint.
-func (r *runc) start(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, runcCall{args: []string{"start", id}, logDir: dir})
+// start runs `start`: the init process execs the entrypoint.
+func (r *ociRuntime) start(ctx context.Context, id, dir string) error {
+	_, err := r.run(ctx, ociCall{args: []string{"start", id}, logDir: dir})
 	return err
 }
 
-// exec runs `runc exec --detach` with the OCI process in processFile.
-func (r *runc) exec(ctx context.Context, id, dir, processFile, pidFile, consoleSocket string, stdio [3]*os.File) error {
+// exec runs `exec --detach` with the OCI process in processFile.
+func (r *ociRuntime) exec(ctx context.Context, id, dir, processFile, pidFile, consoleSocket string, stdio [3]*os.File) error {
 	args := []string{"exec", "--detach", "--pid-file", pidFile, "--process", processFile}
 	if consoleSocket != "" {
 		args = append(args, "--console-socket", consoleSocket)
 	}
-	_, err := r.run(ctx, runcCall{args: append(args, id), logDir: dir, stdio: &stdio})
+	_, err := r.run(ctx, ociCall{args: append(args, id), logDir: dir, stdio: &stdio})
 	return err
 }
 
-// kill runs `runc kill`, with all for every process of the container.
-func (r *runc) kill(ctx context.Context, id, dir string, sig unix.Signal, all bool) error {
+// kill runs `kill`, with all for every process of the container.
+func (r *ociRuntime) kill(ctx context.Context, id, dir string, sig unix.Signal, all bool) error {
 	args := []string{"kill"}
 	if all {
 		args = append(args, "--all")
 	}
-	_, err := r.run(ctx, runcCall{args: append(args, id, strconv.Itoa(int(sig))), logDir: dir})
+	_, err := r.run(ctx, ociCall{args: append(args, id, strconv.Itoa(int(sig))), logDir: dir})
 	return err
 }
 
-// delete runs `runc delete --force`: the agent has checked the state
-// already, and force also covers a container runc has half forgotten.
-func (r *runc) delete(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, runcCall{args: []string{"delete", "--force", id}, logDir: dir})
+// delete runs `delete --force`: the agent has checked the state already,
+// and force also covers a container the runtime has half forgotten.
+func (r *ociRuntime) delete(ctx context.Context, id, dir string) error {
+	_, err := r.run(ctx, ociCall{args: []string{"delete", "--force", id}, logDir: dir})
 	return err
 }
 
-// pause runs `runc pause`.
-func (r *runc) pause(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, runcCall{args: []string{"pause", id}, logDir: dir})
+// pause runs `pause`.
+func (r *ociRuntime) pause(ctx context.Context, id, dir string) error {
+	_, err := r.run(ctx, ociCall{args: []string{"pause", id}, logDir: dir})
 	return err
 }
 
-// resume runs `runc resume`.
-func (r *runc) resume(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, runcCall{args: []string{"resume", id}, logDir: dir})
+// resume runs `resume`.
+func (r *ociRuntime) resume(ctx context.Context, id, dir string) error {
+	_, err := r.run(ctx, ociCall{args: []string{"resume", id}, logDir: dir})
 	return err
 }
 
-// update runs `runc update` with OCI LinuxResources JSON on stdin.
-func (r *runc) update(ctx context.Context, id, dir string, resources []byte) error {
-	_, err := r.run(ctx, runcCall{args: []string{"update", "--resources", "-", id}, logDir: dir, stdinData: resources})
+// update runs `update` with OCI LinuxResources JSON, passed in a file in
+// dir: crun, unlike runc, does not read "-" as stdin.
+func (r *ociRuntime) update(ctx context.Context, id, dir string, resources []byte) error {
+	f, err := os.CreateTemp(dir, "resources-*.json")
+	if err != nil {
+		return fmt.Errorf("%s update: %w", filepath.Base(r.path), err)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(resources)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("%s update: %w", filepath.Base(r.path), err)
+	}
+	_, err = r.run(ctx, ociCall{args: []string{"update", "--resources", f.Name(), id}, logDir: dir})
 	return err
 }
 
-// readPidFile reads the pid runc wrote.
+// readPidFile reads the pid the runtime wrote.
 func readPidFile(path string) (int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("read runc pid file: %w", err)
+		return 0, fmt.Errorf("read runtime pid file: %w", err)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("runc pid file %s holds %q: %w", path, b, errdefs.ErrUnknown)
+		return 0, fmt.Errorf("runtime pid file %s holds %q: %w", path, b, errdefs.ErrUnknown)
 	}
 	return pid, nil
 }

@@ -35,9 +35,9 @@ const (
 	DefaultMaxContainers   = 256
 	DefaultMaxEvents       = 128
 	DefaultDiskTimeout     = 10 * time.Second
-	// DefaultRunc is where the guest image installs runc.
-	DefaultRunc         = "/usr/bin/runc"
-	DefaultRuncRoot     = "/run/cocoon/runc"
+	// DefaultRuntime is the OCI runtime the guest image installs.
+	DefaultRuntime      = "/usr/bin/crun"
+	DefaultRuntimeRoot  = "/run/cocoon/oci"
 	DefaultContainerDir = "/run/cocoon/containers"
 	DefaultCgroupRoot   = "/sys/fs/cgroup"
 )
@@ -74,14 +74,15 @@ type Config struct {
 	// arrived for this long (a background child may hold its pipes).
 	OutputDrainIdle time.Duration
 
-	// Runc is the runc binary that runs containers.
-	Runc string
-	// RuncRoot is runc's state directory (runc --root).
-	RuncRoot string
-	// RuncNoPivot makes runc enter container roots with MS_MOVE and
+	// Runtime is the OCI runtime binary (crun, or runc) that runs
+	// containers.
+	Runtime string
+	// RuntimeRoot is the runtime's state directory (--root).
+	RuntimeRoot string
+	// NoPivot makes the runtime enter container roots with MS_MOVE and
 	// chroot instead of pivot_root. It is turned on by itself when the
 	// agent's root is the initramfs, which pivot_root cannot leave.
-	RuncNoPivot bool
+	NoPivot bool
 	// ContainerDir holds each container's bundle and root filesystem
 	// mounts, in a directory named after the container.
 	ContainerDir string
@@ -109,7 +110,7 @@ type Service struct {
 	mu    sync.Mutex
 	procs map[string]*process
 
-	// containers are the containers run with runc.
+	// containers are the containers the OCI runtime runs.
 	containers *containerSet
 
 	// shutdown makes the power-off happen once.

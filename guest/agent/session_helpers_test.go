@@ -61,8 +61,8 @@ func (h *hostSession) open(t *testing.T, kind api.StreamKind, id string) net.Con
 	return st
 }
 
-func runcForce(cfg agent.Config, id string) error {
+func runtimeForce(cfg agent.Config, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return exec.CommandContext(ctx, cfg.Runc, "--root", cfg.RuncRoot, "delete", "--force", id).Run()
+	return exec.CommandContext(ctx, cfg.Runtime, "--root", cfg.RuntimeRoot, "delete", "--force", id).Run()
 }

@@ -192,7 +192,7 @@ func devLinksStep() error {
 }
 
 // enableControllers delegates every available cgroup v2 controller to the
-// root's children, where runc puts containers.
+// root's children, where the OCI runtime puts containers.
 func enableControllers() error {
 	b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
 	if err != nil {

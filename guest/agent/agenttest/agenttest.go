@@ -1,7 +1,7 @@
 //go:build linux
 
 // Package agenttest runs cocoon-agent's container service on the test
-// machine itself: runc from the host, a busybox root filesystem made from
+// machine itself: an OCI runtime of the host (see Runtime), a busybox root filesystem made from
 // the host's static busybox, and a rootfs assembler that needs no disks.
 // Tests of the agent, its host client and the sandbox use it; the disk
 // path is covered in real VMs.
@@ -9,6 +9,7 @@ package agenttest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,17 +28,17 @@ const Busybox = "/bin/busybox"
 // busyboxApplets are linked in every root filesystem.
 var busyboxApplets = []string{"sh", "cat", "echo", "sleep", "true", "false", "tail", "head", "ls", "id", "env", "stty", "dd", "yes", "wc"}
 
-// NeedContainers skips the test unless it runs as root with runc and a
-// static busybox, and makes this process a child subreaper: container
-// processes are grandchildren of the agent (runc create forks them and
-// exits), reparented to it as they are to PID 1 in the guest.
+// NeedContainers skips the test unless it runs as root with an OCI runtime
+// and a static busybox, and makes this process a child subreaper:
+// container processes are grandchildren of the agent (create forks them
+// and exits), reparented to it as they are to PID 1 in the guest.
 func NeedContainers(t testing.TB) {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("containers need root")
 	}
-	if _, err := Runc(); err != nil {
-		t.Skip("runc not found")
+	if _, err := Runtime(); err != nil {
+		t.Skip(err.Error())
 	}
 	if _, err := os.Stat(Busybox); err != nil {
 		t.Skip("no static busybox at " + Busybox)
@@ -47,18 +48,32 @@ func NeedContainers(t testing.TB) {
 	}
 }
 
-// Runc finds the host's runc.
-func Runc() (string, error) {
-	for _, p := range []string{"/usr/sbin/runc", "/usr/bin/runc"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
+// RuntimeEnv names the OCI runtime binary the tests use instead of the
+// default.
+const RuntimeEnv = "COCOON_TEST_OCI_RUNTIME"
+
+// Runtime finds the OCI runtime the tests run containers with: the one
+// RuntimeEnv names; else crun, the runtime the guest ships, on a host with
+// cgroup v2 alone, as the guest has; else runc, because crun refuses to
+// run on a hybrid cgroup host. The VM tests run the guest's crun in
+// every case.
+func Runtime() (string, error) {
+	if p := os.Getenv(RuntimeEnv); p != "" {
+		return exec.LookPath(p)
 	}
-	return exec.LookPath("runc")
+	name := "crun"
+	if !Unified() {
+		name = "runc"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", errors.New(name + " not found (apt-get install " + name + ", or set " + RuntimeEnv + ")")
+	}
+	return p, nil
 }
 
 // CgroupRoot is the host's cgroup v2 mount: /sys/fs/cgroup on a unified
-// host, /sys/fs/cgroup/unified on a hybrid one (where runc puts each
+// host, /sys/fs/cgroup/unified on a hybrid one (where the runtime puts each
 // container in the v2 tree too, so cgroup.procs and cpu.stat exist there
 // even though the controllers are on v1).
 func CgroupRoot() string {
@@ -75,16 +90,16 @@ func Unified() bool {
 }
 
 // Config fills the container settings of an agent.Config for this host:
-// its runc, private state and container directories, and, unless set,
+// its OCI runtime, private state and container directories, and, unless set,
 // its cgroup v2 root and DirRootfs.
 func Config(t testing.TB, cfg agent.Config) agent.Config {
 	t.Helper()
-	runc, err := Runc()
+	rt, err := Runtime()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Runc = runc
-	cfg.RuncRoot = t.TempDir()
+	cfg.Runtime = rt
+	cfg.RuntimeRoot = t.TempDir()
 	// Short: console socket paths live here.
 	dir, err := os.MkdirTemp("", "cc")
 	if err != nil {
