@@ -11,7 +11,7 @@
 # Environment:
 #   COCOON_CACHE               cache root (default /var/cache/cocoon)
 #   COCOON_INITRD_COMPRESSION  none (default, measured fastest) or lz4
-#   COCOON_RUNC_VERSION        Debian runc version to ship (default: apt candidate)
+#   COCOON_CRUN_VERSION        Debian crun version to ship (default: apt candidate)
 #   SOURCE_DATE_EPOCH          mtime of every initrd entry (default 0)
 #   COCOON_NO_APT=1            never call apt-get
 set -euo pipefail
@@ -43,11 +43,11 @@ if [ ${#need[@]} -gt 0 ]; then
 		die "could not install ${need[*]}"
 fi
 # PID 1 of the guest: must be an x86-64 ELF executable; a static one, since the
-# only shared libraries in the image are runc's (glibc, libseccomp).
+# only shared libraries in the image are crun's.
 hdr="$(readelf -h "$AGENT" 2>/dev/null)" || die "agent is not an ELF file: $AGENT"
 grep -q 'X86-64' <<<"$hdr" || die "agent is not an x86-64 binary: $AGENT"
 if readelf -l "$AGENT" 2>/dev/null | grep -q 'program interpreter'; then
-	log "warning: $AGENT is dynamically linked; the guest has only glibc and libseccomp (build it with CGO_ENABLED=0)"
+	log "warning: $AGENT is dynamically linked; the guest has only crun's libraries (build it with CGO_ENABLED=0)"
 fi
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-0}"
 
@@ -84,7 +84,7 @@ jq -n --sort-keys \
 	--arg kcfg "$(sha "$KDIR/config")" \
 	--arg isha "$(sha "$TMP/initrd.img")" --arg comp "$COMP" \
 	--argjson isize "$(stat -c %s "$TMP/initrd.img")" \
-	--arg runc "$RUNC_VERSION" --arg runcsha "$RUNC_SHA256" --arg libs "$RUNC_LIBS" \
+	--arg oci "$OCI_RUNTIME" --arg ociver "$OCI_RUNTIME_VERSION" --arg ocisha "$OCI_RUNTIME_SHA256" --arg libs "$OCI_RUNTIME_LIBS" \
 	--arg asha "$(sha "$AGENT")" --arg tcgappend "$TCG_APPEND" --argjson hz "${HZ:-100}" \
 	'{
 	  schema: 1,
@@ -96,7 +96,7 @@ jq -n --sort-keys \
 	  },
 	  initrd: { path: "initrd.img", sha256: $isha, compression: $comp, size: $isize },
 	  components: {
-	    runc: $runc, runc_sha256: $runcsha, agent_sha256: $asha,
+	    oci_runtime: $oci, oci_runtime_version: $ociver, oci_runtime_sha256: $ocisha, agent_sha256: $asha,
 	    libraries: ($libs | split(" ") | map(select(length > 0) | split("=") | {(.[0]): .[1]}) | add)
 	  },
 	  boot: {

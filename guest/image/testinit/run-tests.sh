@@ -8,7 +8,7 @@
 #  2. boots it under QEMU microvm (TCG) with the devices the product uses and
 #     checks the guest sees them: virtio-serial port by name, virtio-blk,
 #     virtio-scsi host, virtio-rng as hw_random, virtio-net, cgroup v2
-#     controllers, filesystems, runc in the image
+#     controllers, filesystems, crun in the image
 #  3. hot-plugs a scsi-hd onto the virtio-scsi-device through QMP
 #     (blockdev-add + device_add) and checks /sys/class/block/sda appears
 #  4. builds the image a second time and compares the sha256 of every output
@@ -78,9 +78,9 @@ expect "virtio-balloon bound" 'virtio-dev: virtio[0-9]+ device=0x0005'
 expect "two vCPUs online" 'cpus: 0-1'
 expect "cgroup v2 controllers" 'cgroup2-controllers: cpuset cpu io memory hugetlb pids'
 expect "filesystems ext4 erofs overlay virtiofs" 'filesystems:.* ext4 .*virtiofs overlay erofs'
-expect "runc in the image" 'runc: present'
-expect "runc runs (its shared libraries resolve)" '^runc version [0-9]'
-expect "runc --version exits 0" 'runc-exit: 0'
+expect "crun in the image" 'crun: present'
+expect "crun runs (its shared libraries resolve)" '^crun version [0-9]'
+expect "crun --version exits 0" 'crun-exit: 0'
 # noapictimer leaves the tick to the PIT: timers must fire and keep time.
 expect "timer interrupts arrive, sleeps last as long as asked" 'timer: sleep200ms monotonic=(19[0-9]|2[0-4][0-9])ms'
 expect "PIT timer interrupts counted" 'irq: +0: +[1-9][0-9]*.*timer'

@@ -136,21 +136,21 @@ static void devices(void)
 					printf("COCOON-TESTINIT irq:%s\n", l);
 		}
 	}
-	if (access("/usr/bin/runc", X_OK) == 0) {
-		printf("COCOON-TESTINIT runc: present\n");
-		/* runc is dynamically linked: running it checks its libraries. */
+	if (access("/usr/bin/crun", X_OK) == 0) {
+		printf("COCOON-TESTINIT crun: present\n");
+		/* crun is dynamically linked: running it checks its libraries. */
 		fflush(stdout);
 		pid_t pid = fork();
 		if (pid == 0) {
-			char *argv[] = {"runc", "--version", NULL};
+			char *argv[] = {"crun", "--version", NULL};
 			char *envp[] = {"PATH=/usr/bin:/usr/sbin", NULL};
-			execve("/usr/bin/runc", argv, envp);
+			execve("/usr/bin/crun", argv, envp);
 			_exit(127);
 		}
 		int st = 0;
 		if (pid > 0)
 			waitpid(pid, &st, 0);
-		printf("COCOON-TESTINIT runc-exit: %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		printf("COCOON-TESTINIT crun-exit: %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	}
 	printf("COCOON-TESTINIT meminfo: %s\n", (v = slurp("/proc/meminfo")) ? strtok((char *)v, "\n") : "?");
 	if ((v = slurp("/proc/uptime")))
