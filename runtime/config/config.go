@@ -68,7 +68,7 @@ type Runtime struct {
 	DataDir string `toml:"data_dir"`
 	// StartTimeout bounds a sandbox start, from VMM launch to agent ready.
 	StartTimeout Duration `toml:"start_timeout"`
-	// StopTimeout bounds a sandbox stop before the VMM is killed.
+	// StopTimeout bounds how long QEMU has to quit before it is killed.
 	StopTimeout Duration `toml:"stop_timeout"`
 	// ConsoleLogBytes caps each sandbox's console.log.
 	ConsoleLogBytes int64 `toml:"console_log_bytes"`
