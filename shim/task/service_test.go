@@ -585,3 +585,59 @@ func TestCreateRefusesHostNamespacesBeforeBooting(t *testing.T) {
 		t.Fatalf("a VM was booted for a refused container")
 	}
 }
+
+// TestDeleteLastContainer: deleting a pod's other container removes it
+// from the guest; deleting the last one, exited, stops the VM without a
+// guest delete first, and one never started is still deleted in the
+// guest, which is what kills it.
+func TestDeleteLastContainer(t *testing.T) {
+	ts := newTestService(t)
+	ctx := context.Background()
+	pod := func(id, typ string) map[string]string {
+		return map[string]string{AnnotationSandboxID: "pause", AnnotationContainerType: typ}
+	}
+	for _, c := range []struct{ id, typ string }{{"pause", "sandbox"}, {"app", "container"}} {
+		if _, err := ts.create(c.id, pod(c.id, c.typ)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts.svc.Start(ctx, &taskapi.StartRequest{ID: c.id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb := ts.launcher.sandbox(0)
+	sb.proc("app").exit(0)
+	ts.wait("app", "")
+	if _, err := ts.svc.Delete(ctx, &taskapi.DeleteRequest{ID: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	if !contains(sb.callLog(), "delete app") || sb.isStopped() {
+		t.Fatalf("calls = %v, stopped = %v; want app deleted in the guest and the VM running", sb.callLog(), sb.isStopped())
+	}
+	sb.proc("pause").exit(137)
+	ts.wait("pause", "")
+	d, err := ts.svc.Delete(ctx, &taskapi.DeleteRequest{ID: "pause"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.ExitStatus != 137 {
+		t.Errorf("delete = %v", d)
+	}
+	if contains(sb.callLog(), "delete pause") || !sb.isStopped() {
+		t.Errorf("calls = %v, stopped = %v; want no guest delete of the last container and the VM stopped", sb.callLog(), sb.isStopped())
+	}
+	if got := ts.events.topics(); got[len(got)-1] != TopicDelete {
+		t.Errorf("events = %v, want the delete last", got)
+	}
+
+	// Never started: the guest delete kills the init.
+	ts2 := newTestService(t)
+	if _, err := ts2.create("c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts2.svc.Delete(ctx, &taskapi.DeleteRequest{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	if sb := ts2.launcher.sandbox(0); !contains(sb.callLog(), "delete c1") || !sb.isStopped() {
+		t.Errorf("calls = %v, stopped = %v; want the created container deleted in the guest, then the VM stopped", sb.callLog(), sb.isStopped())
+	}
+}
