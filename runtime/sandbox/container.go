@@ -85,6 +85,8 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind        EventKind
 	ContainerID string
+	// OOMKills is the container's count of OOM kills so far (EventOOM).
+	OOMKills uint64
 }
 
 // containers is the sandbox's bookkeeping of its containers. The zero
@@ -189,6 +191,11 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	if err := ValidName("container id", c.ID); err != nil {
 		return nil, err
 	}
+	leave, err := s.calls.enter("create container " + c.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	guest, err := oci.GuestSpec(c.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
@@ -315,20 +322,39 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 	return nil
 }
 
+// enter admits a call on container id (see callGate); the caller runs
+// leave when it is done.
+func (s *Sandbox) enter(id string) (*container, func(), error) {
+	leave, err := s.calls.enter("container " + id)
+	if err != nil {
+		return nil, nil, err
+	}
+	ct, err := s.containers.get(id)
+	if err != nil {
+		leave()
+		return nil, nil, err
+	}
+	return ct, leave, nil
+}
+
 // StartContainer starts the container's init.
 func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return err
 	}
+	defer leave()
 	return s.agent.StartContainer(ctx, id)
 }
 
 // ExecProcess runs p in the container; execID is containerd's exec id.
 // The process's stdio is wired as in CreateContainer.
 func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (*agent.Process, error) {
-	if _, err := s.containers.get(containerID); err != nil {
+	_, leave, err := s.enter(containerID)
+	if err != nil {
 		return nil, err
 	}
+	defer leave()
 	gp, err := oci.GuestProcess(p)
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in container %s: %w", execID, containerID, err)
@@ -358,19 +384,22 @@ func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p
 // KillContainer signals the container's init, or with all every process
 // of the container. A stopped container is errdefs.ErrNotFound.
 func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return err
 	}
+	defer leave()
 	return s.agent.KillContainer(ctx, id, sig, all)
 }
 
 // DeleteContainer deletes a created or stopped container in the guest,
 // then detaches its disks and releases its rootfs.
 func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
-	ct, err := s.containers.get(id)
+	ct, leave, err := s.enter(id)
 	if err != nil {
 		return err
 	}
+	defer leave()
 	if err := s.containers.setBusy(ct, true); err != nil {
 		return err
 	}
@@ -389,25 +418,31 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 
 // PauseContainer freezes the container.
 func (s *Sandbox) PauseContainer(ctx context.Context, id string) error {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return err
 	}
+	defer leave()
 	return s.agent.PauseContainer(ctx, id)
 }
 
 // ResumeContainer thaws the container.
 func (s *Sandbox) ResumeContainer(ctx context.Context, id string) error {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return err
 	}
+	defer leave()
 	return s.agent.ResumeContainer(ctx, id)
 }
 
 // UpdateContainer applies new resource limits to the container.
 func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return err
 	}
+	defer leave()
 	if r == nil {
 		return fmt.Errorf("update container %s: no resources: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -420,17 +455,21 @@ func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.Linux
 
 // ContainerStats returns the container's cgroup v2 statistics.
 func (s *Sandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error) {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return nil, err
 	}
+	defer leave()
 	return s.agent.ContainerStats(ctx, id)
 }
 
 // ContainerPids lists the guest pids of the container's processes.
 func (s *Sandbox) ContainerPids(ctx context.Context, id string) ([]uint32, error) {
-	if _, err := s.containers.get(id); err != nil {
+	_, leave, err := s.enter(id)
+	if err != nil {
 		return nil, err
 	}
+	defer leave()
 	return s.agent.ContainerPids(ctx, id)
 }
 
@@ -484,7 +523,7 @@ func (s *Sandbox) eventLoop(ctx context.Context, events chan<- Event, done chan<
 		var ev Event
 		switch e.Kind {
 		case agent.EventOOM:
-			ev = Event{Kind: EventOOM, ContainerID: e.ContainerID}
+			ev = Event{Kind: EventOOM, ContainerID: e.ContainerID, OOMKills: e.OOMKills}
 		default:
 			log.G(ctx).WithField("container", e.ContainerID).Debug("unknown guest event dropped")
 			continue

@@ -108,6 +108,8 @@ type Sandbox struct {
 	containersDir string
 	// containers are the sandbox's containers (container.go).
 	containers containers
+	// calls are the container calls in flight (calls.go).
+	calls callGate
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -280,7 +282,13 @@ func (s *Sandbox) VM() hypervisor.VM { return s.vm }
 // sandbox: the scratch disks go with their containers, so there is no
 // cache to flush, and a guest power-off costs about 130 ms under TCG for
 // nothing.
+//
+// Container calls in flight are let finish first, for up to the stop
+// timeout; calls made after Stop began fail with errdefs.ErrUnavailable.
 func (s *Sandbox) Stop(ctx context.Context) error {
+	if n := s.calls.close(ctx, s.stopTimeout); n > 0 {
+		log.G(ctx).WithField("calls", n).Warn("stopping the sandbox with container calls still in flight")
+	}
 	return s.teardown(ctx)
 }
 
