@@ -625,8 +625,8 @@ type countWriter int64
 func (w *countWriter) Write(p []byte) (int, error) { *w += countWriter(len(p)); return len(p), nil }
 
 // TestShimOOM runs a process that needs more memory than the container's
-// limit: the guest kernel kills it, containerd gets /tasks/oom, and the
-// task exits 137.
+// limit: the guest kernel kills it, containerd gets /tasks/oom before
+// /tasks/exit, and the task exits 137.
 func TestShimOOM(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
@@ -644,6 +644,16 @@ func TestShimOOM(t *testing.T) {
 			}
 			if !events.WaitFor("/tasks/oom", `"container_id":"oom"`, 10*time.Second) {
 				t.Errorf("no /tasks/oom event for the container; events: %v", events.Seen("/"))
+			}
+			// containerd's order: the OOM before the exit it caused.
+			var order []string
+			for _, e := range events.Seen("/tasks/") {
+				if e.Topic == "/tasks/oom" || e.Topic == "/tasks/exit" {
+					order = append(order, e.Topic)
+				}
+			}
+			if len(order) < 2 || order[0] != "/tasks/oom" || order[len(order)-1] != "/tasks/exit" {
+				t.Errorf("task events %v: want /tasks/oom before /tasks/exit", order)
 			}
 			c.WaitNoShim(t)
 		})

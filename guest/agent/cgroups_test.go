@@ -130,7 +130,7 @@ func TestOOMWatcher(t *testing.T) {
 	events := filepath.Join(dir, "memory.events")
 	writeFiles(t, dir, map[string]string{"memory.events": "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n"})
 	reports := make(chan string, 10)
-	w, err := newOOMWatcher(context.Background(), func(id string) { reports <- id })
+	w, err := newOOMWatcher(context.Background(), func(id string, _ uint64) { reports <- id })
 	if err != nil {
 		t.Fatal(err)
 	}

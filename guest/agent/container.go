@@ -196,6 +196,13 @@ func (c *container) initExited(reaper.Exit) {
 	c.mu.Unlock()
 }
 
+// oomKills is the container's count of OOM kills so far; 0 without the
+// memory controller.
+func (c *container) oomKills() uint64 {
+	n, _ := oomKills(filepath.Join(c.cgroup, "memory.events"))
+	return n
+}
+
 // containerSet is the agent's containers and what drives them.
 type containerSet struct {
 	// oci runs the containers.
@@ -312,8 +319,8 @@ func (cs *containerSet) watchOOM(ctx context.Context, c *container) {
 		// The watcher outlives this request; its logs carry no
 		// request's fields.
 		bg := context.Background()
-		cs.oom, cs.oomErr = newOOMWatcher(bg, func(id string) {
-			cs.events.push(bg, &api.Event{Kind: api.Event_OOM, ContainerId: id})
+		cs.oom, cs.oomErr = newOOMWatcher(bg, func(id string, kills uint64) {
+			cs.events.push(bg, &api.Event{Kind: api.Event_OOM, ContainerId: id, OomKills: kills})
 		})
 		if cs.oomErr != nil {
 			log.G(ctx).WithError(cs.oomErr).Warn("containers get no OOM events")
@@ -535,7 +542,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 		release: release,
 		state:   stateCreated,
 	}
-	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited}
+	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited, oomKills: c.oomKills}
 	c.init = p
 	cs.watchOOM(ctx, c)
 	cio.pio.start()

@@ -535,13 +535,15 @@ func TestContainerOOM(t *testing.T) {
 	if _, err := cs.StartContainer(ctx, req("oom")); err != nil {
 		t.Fatal(err)
 	}
-	if st := cs.wait(t, p); st.ExitStatus != 137 {
-		t.Fatalf("exit %v", st)
+	// The exit carries the OOM kill, so that the host can report it
+	// before the exit even when the event comes later.
+	if st := cs.wait(t, p); st.ExitStatus != 137 || st.OomKills == 0 {
+		t.Fatalf("exit %v, want 137 with the OOM kill counted", st)
 	}
 	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	e, err := cs.NextEvent(ectx, &api.NextEventRequest{})
-	if err != nil || e.Kind != api.Event_OOM || e.ContainerId != "oom" {
+	if err != nil || e.Kind != api.Event_OOM || e.ContainerId != "oom" || e.OomKills == 0 {
 		t.Fatalf("event %v %v", e, err)
 	}
 	if _, err := cs.DeleteContainer(ctx, req("oom")); err != nil {

@@ -82,9 +82,9 @@ func (s *Service) NextEvent(ctx context.Context, _ *api.NextEventRequest) (*api.
 type oomWatcher struct {
 	// file is the inotify instance.
 	file *os.File
-	// report is called, from the watcher's goroutine, for each OOM kill
-	// seen.
-	report func(containerID string)
+	// report is called, from the watcher's goroutine, for each increase
+	// of a container's OOM kill count, with the new count.
+	report func(containerID string, kills uint64)
 
 	// mu guards watches.
 	mu      sync.Mutex
@@ -102,7 +102,7 @@ type oomWatch struct {
 	kills uint64
 }
 
-func newOOMWatcher(ctx context.Context, report func(containerID string)) (*oomWatcher, error) {
+func newOOMWatcher(ctx context.Context, report func(containerID string, kills uint64)) (*oomWatcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("inotify: %w", err)
@@ -224,6 +224,6 @@ func (w *oomWatcher) checkOne(ctx context.Context, watch *oomWatch) {
 	if kills > watch.kills {
 		log.G(ctx).WithField("container", watch.containerID).WithField("oom_kills", kills).Info("container process killed by the OOM killer")
 		watch.kills = kills
-		w.report(watch.containerID)
+		w.report(watch.containerID, kills)
 	}
 }

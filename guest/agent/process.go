@@ -52,6 +52,9 @@ type process struct {
 	// reaped, before its output is drained (a container's init marks
 	// the container stopped).
 	onExit func(reaper.Exit)
+	// oomKills, if set, counts the OOM kills of the process's container;
+	// its value at the exit goes with the exit status (inits only).
+	oomKills func() uint64
 }
 
 // StartProcess starts a process once the stdio streams it names arrived.
@@ -254,6 +257,9 @@ func (s *Service) watch(ctx context.Context, p *process) {
 		ExitStatus:     exit.Status(),
 		Signal:         uint32(exit.Signal()),
 		ExitedAtUnixNs: exit.At.UnixNano(),
+	}
+	if p.oomKills != nil {
+		p.result.OomKills = p.oomKills()
 	}
 	close(p.exited)
 	log.G(ctx).WithField("process", p.id).WithField("exit_status", exit.Status()).Debug("process exited")

@@ -674,9 +674,13 @@ func (*NextEventRequest) Descriptor() ([]byte, []int) {
 }
 
 type Event struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          Event_Kind             `protobuf:"varint,1,opt,name=kind,proto3,enum=cocoon.agent.v1.Event_Kind" json:"kind,omitempty"`
-	ContainerId   string                 `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Kind        Event_Kind             `protobuf:"varint,1,opt,name=kind,proto3,enum=cocoon.agent.v1.Event_Kind" json:"kind,omitempty"`
+	ContainerId string                 `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// oom_kills is, for OOM, the container's count of OOM kills so far
+	// (memory.events oom_kill): the host reports each count once, whether
+	// it learns it here or from WaitProcessResponse.
+	OomKills      uint64 `protobuf:"varint,3,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -723,6 +727,13 @@ func (x *Event) GetContainerId() string {
 		return x.ContainerId
 	}
 	return ""
+}
+
+func (x *Event) GetOomKills() uint64 {
+	if x != nil {
+		return x.OomKills
+	}
+	return 0
 }
 
 type Empty struct {
@@ -1209,8 +1220,12 @@ type WaitProcessResponse struct {
 	Signal uint32 `protobuf:"varint,2,opt,name=signal,proto3" json:"signal,omitempty"`
 	// exited_at_unix_ns is the guest wall clock at exit.
 	ExitedAtUnixNs int64 `protobuf:"varint,3,opt,name=exited_at_unix_ns,json=exitedAtUnixNs,proto3" json:"exited_at_unix_ns,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// oom_kills is, for a container's init, the container's count of OOM
+	// kills at its exit, read before the exit is reported: the host can
+	// report the OOM before the exit although the Event may come later.
+	OomKills      uint64 `protobuf:"varint,4,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WaitProcessResponse) Reset() {
@@ -1260,6 +1275,13 @@ func (x *WaitProcessResponse) GetSignal() uint32 {
 func (x *WaitProcessResponse) GetExitedAtUnixNs() int64 {
 	if x != nil {
 		return x.ExitedAtUnixNs
+	}
+	return 0
+}
+
+func (x *WaitProcessResponse) GetOomKills() uint64 {
+	if x != nil {
+		return x.OomKills
 	}
 	return 0
 }
@@ -1508,10 +1530,11 @@ const file_agent_proto_rawDesc = "" +
 	"\ametrics\x18\x01 \x01(\fR\ametrics\"+\n" +
 	"\x15ContainerPidsResponse\x12\x12\n" +
 	"\x04pids\x18\x01 \x03(\rR\x04pids\"\x12\n" +
-	"\x10NextEventRequest\"y\n" +
+	"\x10NextEventRequest\"\x96\x01\n" +
 	"\x05Event\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.cocoon.agent.v1.Event.KindR\x04kind\x12!\n" +
-	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\"\x1c\n" +
+	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\x12\x1b\n" +
+	"\toom_kills\x18\x03 \x01(\x04R\boomKills\"\x1c\n" +
 	"\x04Kind\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\a\n" +
 	"\x03OOM\x10\x01\"\a\n" +
@@ -1544,12 +1567,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x14StartProcessResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"$\n" +
 	"\x12WaitProcessRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"y\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x96\x01\n" +
 	"\x13WaitProcessResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\rR\n" +
 	"exitStatus\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12)\n" +
-	"\x11exited_at_unix_ns\x18\x03 \x01(\x03R\x0eexitedAtUnixNs\"T\n" +
+	"\x11exited_at_unix_ns\x18\x03 \x01(\x03R\x0eexitedAtUnixNs\x12\x1b\n" +
+	"\toom_kills\x18\x04 \x01(\x04R\boomKills\"T\n" +
 	"\x14SignalProcessRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x14\n" +

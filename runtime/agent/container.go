@@ -91,6 +91,8 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind        EventKind
 	ContainerID string
+	// OOMKills is the container's count of OOM kills so far (EventOOM).
+	OOMKills uint64
 }
 
 func toDisk(d Disk) *api.Disk {
@@ -298,7 +300,7 @@ func (c *Client) NextEvent(ctx context.Context) (Event, error) {
 	if err != nil {
 		return Event{}, c.mapErr("next guest event", err)
 	}
-	ev := Event{ContainerID: trim(e.ContainerId)}
+	ev := Event{ContainerID: trim(e.ContainerId), OOMKills: e.OomKills}
 	if e.Kind == api.Event_OOM {
 		ev.Kind = EventOOM
 	}

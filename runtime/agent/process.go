@@ -56,6 +56,9 @@ type ExitStatus struct {
 	Signal syscall.Signal
 	// ExitedAt is the guest's wall clock at the exit.
 	ExitedAt time.Time
+	// OOMKills is, for a container's init, the container's count of OOM
+	// kills at the exit; 0 for other processes.
+	OOMKills uint64
 }
 
 // Process is a process started in the guest.
@@ -267,6 +270,7 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 			Code:     resp.ExitStatus,
 			Signal:   syscall.Signal(resp.Signal),
 			ExitedAt: time.Unix(0, resp.ExitedAtUnixNs),
+			OOMKills: resp.OomKills,
 		}
 	}
 	// The agent closed the output streams before it answered; what is

@@ -15,7 +15,7 @@ import (
 func (s *Service) waitExit(c *container, p *process, guest Process, pio *stdio.IO) {
 	lg := logger(s.ctx, p.containerID, p.execID)
 	st, err := guest.Wait(s.ctx)
-	exit := exitStatus{code: st.Code, at: st.ExitedAt}
+	exit := exitStatus{code: st.Code, at: st.ExitedAt, oomKills: st.OOMKills}
 	if err != nil {
 		lg.WithError(err).Warn("lost the process: reporting an unknown exit")
 		exit = exitStatus{code: unknownExit}
@@ -82,7 +82,9 @@ func (s *Service) waitExecs(c *container) {
 }
 
 // recordExitLocked marks p stopped and publishes its exit, unless it is
-// already stopped or deleted. Callers hold s.mu.
+// already stopped or deleted. An init's exit is preceded by the OOM kill
+// it carries, if the guest's event for it has not come yet. Callers hold
+// s.mu.
 func (s *Service) recordExitLocked(p *process, exit exitStatus) {
 	p.earlyExit = nil
 	if p.state.check(opExit, p.name()) != nil {
@@ -90,6 +92,9 @@ func (s *Service) recordExitLocked(p *process, exit exitStatus) {
 	}
 	p.state = stateStopped
 	p.exit = exit
+	if c := s.containers[p.containerID]; c != nil && p.execID == "" && exit.oomKills > 0 {
+		s.publishOOMLocked(c, exit.oomKills)
+	}
 	s.publish(TopicExit, exitEvent(p, s.hostPIDLocked()))
 	close(p.exited)
 }

@@ -232,9 +232,13 @@ func newFakeProcess(pid uint32, stdin io.Reader, stdout, stderr io.Writer) *fake
 }
 
 // exit ends the process with code (once).
-func (p *fakeProcess) exit(code uint32) {
+func (p *fakeProcess) exit(code uint32) { p.exitStatus(agent.ExitStatus{Code: code}) }
+
+// exitStatus ends the process with st (once).
+func (p *fakeProcess) exitStatus(st agent.ExitStatus) {
 	p.once.Do(func() {
-		p.status = agent.ExitStatus{Code: code, ExitedAt: time.Now()}
+		st.ExitedAt = time.Now()
+		p.status = st
 		close(p.done)
 	})
 }

@@ -19,6 +19,9 @@ type container struct {
 	init *process
 	// execs are the exec processes by exec id; guarded by Service.mu.
 	execs map[string]*process
+	// oomKills is the count of the container's OOM kills reported to
+	// containerd so far; guarded by Service.mu.
+	oomKills uint64
 }
 
 // process is a container's init or one of its execs. Its lifecycle fields
@@ -63,6 +66,9 @@ type exitStatus struct {
 	code uint32
 	// at is when it ended.
 	at time.Time
+	// oomKills is, for an init, the container's count of OOM kills at
+	// the exit.
+	oomKills uint64
 }
 
 // unknownExit is the status of a process whose end the guest could not

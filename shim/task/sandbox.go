@@ -120,4 +120,6 @@ type SandboxEvent struct {
 	Kind SandboxEventKind
 	// ContainerID is the container it happened to.
 	ContainerID string
+	// OOMKills is the container's count of OOM kills so far (EventOOM).
+	OOMKills uint64
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cocoonrt/cocoon/runtime/agent"
 )
 
 // testService is a Service on a fake sandbox, with what the test checks.
@@ -639,5 +641,42 @@ func TestDeleteLastContainer(t *testing.T) {
 	}
 	if sb := ts2.launcher.sandbox(0); !contains(sb.callLog(), "delete c1") || !sb.isStopped() {
 		t.Errorf("calls = %v, stopped = %v; want the created container deleted in the guest, then the VM stopped", sb.callLog(), sb.isStopped())
+	}
+}
+
+// TestOOMBeforeExit: an OOM kill the init's exit carries is published
+// before the exit, once, whether the guest's event for it comes before or
+// after; a later kill is published again.
+func TestOOMBeforeExit(t *testing.T) {
+	ts := newTestService(t)
+	ts.mustCreateStart("c1")
+	sb := ts.launcher.sandbox(0)
+	sb.events <- SandboxEvent{Kind: EventOOM, ContainerID: "c1", OOMKills: 1}
+	waitFor(t, func() bool { return len(ts.events.find(TopicOOM)) == 1 })
+	sb.proc("c1").exitStatus(agent.ExitStatus{Code: 137, OOMKills: 2})
+	ts.wait("c1", "")
+	want := []string{TopicCreate, TopicStart, TopicOOM, TopicOOM, TopicExit}
+	if got := ts.events.topics(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("events = %v, want %v", got, want)
+	}
+	// The guest's event for the second kill, late: already reported.
+	sb.events <- SandboxEvent{Kind: EventOOM, ContainerID: "c1", OOMKills: 2}
+	sb.events <- SandboxEvent{Kind: EventOOM, ContainerID: "c1", OOMKills: 3}
+	waitFor(t, func() bool { return len(ts.events.find(TopicOOM)) == 3 })
+	time.Sleep(20 * time.Millisecond)
+	if n := len(ts.events.find(TopicOOM)); n != 3 {
+		t.Errorf("%d OOM events, want 3 (kills 1, 2 and 3, each once)", n)
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

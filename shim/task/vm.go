@@ -96,14 +96,26 @@ func (s *Service) forwardEvents(sb Sandbox) {
 		switch ev.Kind {
 		case EventOOM:
 			s.mu.Lock()
-			if _, ok := s.containers[ev.ContainerID]; ok {
-				s.publish(TopicOOM, &eventstypes.TaskOOM{ContainerID: ev.ContainerID})
+			if c, ok := s.containers[ev.ContainerID]; ok {
+				s.publishOOMLocked(c, ev.OOMKills)
 			}
 			s.mu.Unlock()
 		default:
 			log.G(s.ctx).WithField("kind", int(ev.Kind)).Debug("unknown sandbox event")
 		}
 	}
+}
+
+// publishOOMLocked publishes a TaskOOM for c unless the count of OOM kills
+// was reported already: the guest reports a kill both as an event and with
+// the init's exit, in either order. A count of 0 (a guest that does not
+// count) is always published. Callers hold s.mu.
+func (s *Service) publishOOMLocked(c *container, kills uint64) {
+	if kills != 0 && kills <= c.oomKills {
+		return
+	}
+	c.oomKills = max(c.oomKills, kills)
+	s.publish(TopicOOM, &eventstypes.TaskOOM{ContainerID: c.id})
 }
 
 // releaseVMIfUnusedLocked takes the VM out of the service once no

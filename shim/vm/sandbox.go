@@ -68,7 +68,7 @@ func newVMSandbox(sb *sandbox.Sandbox) *vmSandbox {
 		defer close(v.events)
 		for ev := range sb.Events() {
 			if ev.Kind == sandbox.EventOOM {
-				v.events <- task.SandboxEvent{Kind: task.EventOOM, ContainerID: ev.ContainerID}
+				v.events <- task.SandboxEvent{Kind: task.EventOOM, ContainerID: ev.ContainerID, OOMKills: ev.OOMKills}
 			}
 		}
 	}()
