@@ -423,6 +423,7 @@ func (u *undoStack) run() {
 // and runs the runtime's `create`; the init process exists, stopped before its
 // entrypoint, when it returns.
 func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerRequest) (_ *api.StartProcessResponse, retErr error) {
+	called := time.Now()
 	cs := s.containers
 	id := req.ContainerId
 	if err := validContainerID(id); err != nil {
@@ -555,6 +556,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	cs.mu.Unlock()
 	log.G(ctx).WithField("pid", pid).WithField("process", req.ProcessId).
 		WithField("rootfs_ms", assembled.Milliseconds()).WithField("create_ms", ociCreate.Milliseconds()).
+		WithField("total_ms", time.Since(called).Milliseconds()).
 		Info("container created")
 	return &api.StartProcessResponse{Pid: uint32(pid)}, nil
 }
