@@ -11,10 +11,10 @@ LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/runtime/version.Version=$(VERSION
 AGENT_LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/guest/agent.Version=$(VERSION)
 # Debian packages the build, the tests and the demo need (runc for the host
 # side of the benchmarks and tests, crun for the agent tests on cgroup v2 hosts;
-# the guest image takes crun from its own .deb).
+# the guest's crun is built static from Debian's source by guest/image/crun.sh).
 DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fsprogs cpio lz4 zstd \
 	busybox-static iproute2 kmod util-linux procps psmisc git make gcc bc flex bison libelf-dev \
-	xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates
+	xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config libseccomp-dev libcap-dev
 
 .PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean
 

@@ -1,17 +1,18 @@
 #!/bin/bash
-# build.sh: build Cocoon's guest image: kernel (cached) + initrd + manifest.
+# build.sh: build Cocoon's guest image: kernel and crun (cached) + initrd +
+# manifest.
 #
 # Usage: guest/image/build.sh <agent-binary> <outdir>
 #   e.g. guest/image/build.sh bin/cocoon-agent build/guest
 #
 # Writes <outdir>/vmlinux, <outdir>/initrd.img, <outdir>/manifest.json.
 # Idempotent and reproducible: the same inputs give byte-identical outputs
-# (the kernel is cached under ${COCOON_CACHE:-/var/cache/cocoon}/kernel/).
+# (the kernel and crun are cached under ${COCOON_CACHE:-/var/cache/cocoon}/).
 #
 # Environment:
 #   COCOON_CACHE               cache root (default /var/cache/cocoon)
 #   COCOON_INITRD_COMPRESSION  none (default, measured fastest) or lz4
-#   COCOON_CRUN_VERSION        Debian crun version to ship (default: apt candidate)
+#   COCOON_CRUN_VERSION        Debian crun source version to build (default: apt candidate)
 #   SOURCE_DATE_EPOCH          mtime of every initrd entry (default 0)
 #   COCOON_NO_APT=1            never call apt-get
 set -euo pipefail
@@ -20,7 +21,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
-[ $# -eq 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
 AGENT="$1" OUTDIR="$2"
 [ -f "$AGENT" ] || die "agent binary not found: $AGENT (build it first: make build)"
 [ -x "$AGENT" ] || die "agent binary is not executable: $AGENT"
@@ -29,7 +30,6 @@ case "$COMP" in none|lz4) ;; *) die "COCOON_INITRD_COMPRESSION must be none or l
 need=()
 command -v jq >/dev/null || need+=(jq)
 command -v readelf >/dev/null || need+=(binutils)
-command -v dpkg-deb >/dev/null || need+=(dpkg)
 [ "$COMP" = lz4 ] && ! command -v lz4 >/dev/null && need+=(lz4)
 # The guest's own shell and tools (initrd.sh): a static busybox.
 bb="${COCOON_BUSYBOX:-/bin/busybox}"
@@ -43,11 +43,11 @@ if [ ${#need[@]} -gt 0 ]; then
 		die "could not install ${need[*]}"
 fi
 # PID 1 of the guest: must be an x86-64 ELF executable; a static one, since the
-# only shared libraries in the image are crun's.
+# image has no shared libraries.
 hdr="$(readelf -h "$AGENT" 2>/dev/null)" || die "agent is not an ELF file: $AGENT"
 grep -q 'X86-64' <<<"$hdr" || die "agent is not an x86-64 binary: $AGENT"
 if readelf -l "$AGENT" 2>/dev/null | grep -q 'program interpreter'; then
-	log "warning: $AGENT is dynamically linked; the guest has only crun's libraries (build it with CGO_ENABLED=0)"
+	log "warning: $AGENT is dynamically linked; the guest has no shared libraries (build it with CGO_ENABLED=0)"
 fi
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-0}"
 
@@ -61,7 +61,11 @@ OUTDIR="$(cd "$OUTDIR" && pwd)"
 TMP="$(mktemp -d "$OUTDIR/.build.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 
-"$HERE/initrd.sh" --agent "$AGENT" --gen-init-cpio "$KDIR/gen_init_cpio" \
+COUT="$("$HERE/crun.sh")" || die "crun build failed (see messages above)"
+CDIR="${COUT##*$'\n'}"
+[ -x "$CDIR/crun" ] || die "crun.sh did not produce crun"
+
+"$HERE/initrd.sh" --agent "$AGENT" --crun "$CDIR/crun" --gen-init-cpio "$KDIR/gen_init_cpio" \
 	--out "$TMP/initrd.img" --compression "$COMP" --info "$TMP/info"
 # shellcheck disable=SC1091
 . "$TMP/info"
@@ -84,7 +88,7 @@ jq -n --sort-keys \
 	--arg kcfg "$(sha "$KDIR/config")" \
 	--arg isha "$(sha "$TMP/initrd.img")" --arg comp "$COMP" \
 	--argjson isize "$(stat -c %s "$TMP/initrd.img")" \
-	--arg oci "$OCI_RUNTIME" --arg ociver "$OCI_RUNTIME_VERSION" --arg ocisha "$OCI_RUNTIME_SHA256" --arg libs "$OCI_RUNTIME_LIBS" \
+	--arg ocisrc "$(cat "$CDIR/source-version")" --arg ocisha "$OCI_RUNTIME_SHA256" \
 	--arg asha "$(sha "$AGENT")" --arg tcgappend "$TCG_APPEND" --argjson hz "${HZ:-100}" \
 	'{
 	  schema: 1,
@@ -96,8 +100,7 @@ jq -n --sort-keys \
 	  },
 	  initrd: { path: "initrd.img", sha256: $isha, compression: $comp, size: $isize },
 	  components: {
-	    oci_runtime: $oci, oci_runtime_version: $ociver, oci_runtime_sha256: $ocisha, agent_sha256: $asha,
-	    libraries: ($libs | split(" ") | map(select(length > 0) | split("=") | {(.[0]): .[1]}) | add)
+	    oci_runtime: $ocisrc, oci_runtime_sha256: $ocisha, agent_sha256: $asha
 	  },
 	  boot: {
 	    machine: "microvm,acpi=off",
