@@ -250,7 +250,7 @@ func setContainerDefaults(cfg *Config) {
 	if cfg.MaxEvents <= 0 {
 		cfg.MaxEvents = DefaultMaxEvents
 	}
-	if !cfg.NoPivot && rootIsInitramfs() {
+	if !cfg.NoPivot && rootCannotPivot() {
 		cfg.NoPivot = true
 	}
 }
@@ -556,7 +556,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	cs.mu.Unlock()
 	log.G(ctx).WithField("pid", pid).WithField("process", req.ProcessId).
 		WithField("rootfs_ms", assembled.Milliseconds()).WithField("create_ms", ociCreate.Milliseconds()).
-		WithField("total_ms", time.Since(called).Milliseconds()).
+		WithField("total_ms", time.Since(called).Milliseconds()).WithField("pivot_root", !cs.oci.noPivot).
 		Info("container created")
 	return &api.StartProcessResponse{Pid: uint32(pid)}, nil
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/agent/reaper"
+	"github.com/cocoonrt/cocoon/guest/initd"
 )
 
 // Bounds on what a runtime call returns to the agent.
@@ -314,25 +315,10 @@ func readPidFile(path string) (int, error) {
 	return pid, nil
 }
 
-// rootIsInitramfs reports whether / is the initial ramfs, which
-// pivot_root cannot move away from.
-func rootIsInitramfs() bool {
+// rootCannotPivot reports whether / is the kernel's rootfs itself, which
+// pivot_root cannot move away from. As PID 1 the agent first puts a
+// mount over it (initd), and then it can.
+func rootCannotPivot() bool {
 	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	fstype := ""
-	for _, line := range strings.Split(string(b), "\n") {
-		// id parent major:minor root mountpoint options... - fstype source super
-		pre, post, ok := strings.Cut(line, " - ")
-		f := strings.Fields(pre)
-		if !ok || len(f) < 5 || f[4] != "/" {
-			continue
-		}
-		if pf := strings.Fields(post); len(pf) > 0 {
-			// The last mount on / is the one in effect.
-			fstype = pf[0]
-		}
-	}
-	return fstype == "rootfs"
+	return err == nil && initd.RootIsKernelRootfs(b)
 }

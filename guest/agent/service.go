@@ -81,7 +81,8 @@ type Config struct {
 	RuntimeRoot string
 	// NoPivot makes the runtime enter container roots with MS_MOVE and
 	// chroot instead of pivot_root. It is turned on by itself when the
-	// agent's root is the initramfs, which pivot_root cannot leave.
+	// agent's root is the kernel's rootfs, which pivot_root cannot leave
+	// (as PID 1 the agent mounts over it first: initd).
 	NoPivot bool
 	// ContainerDir holds each container's bundle and root filesystem
 	// mounts, in a directory named after the container.

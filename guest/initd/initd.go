@@ -1,7 +1,8 @@
 //go:build linux
 
 // Package initd does cocoon-agent's duties as PID 1 before the agent
-// serves: the kernel filesystems, cgroup v2 with every controller
+// serves: the kernel filesystems, a root that containers can pivot_root
+// away from, cgroup v2 with every controller
 // delegated, loopback up, the /dev links programs expect, kernel modules,
 // and the agent's settings from the kernel command line. Each step is
 // timed and tolerant of having run before (a filesystem already mounted is
@@ -96,10 +97,15 @@ func Run(ctx context.Context) (*Report, error) {
 	defer func() { rep.Total = time.Since(start) }()
 
 	_ = os.Setenv("PATH", DefaultPath)
-	for _, m := range mounts {
+	for i, m := range mounts {
 		err := step("mount "+m.target, func() error { return mount(m) })
 		if err != nil && m.target != "/sys/fs/cgroup" {
 			return rep, err
+		}
+		if i == 0 {
+			// With /proc mounted; failing only costs containers
+			// pivot_root (the runtime falls back to chroot).
+			_ = step("leave rootfs", leaveRootfs)
 		}
 	}
 	_ = step("console", ensureConsole)
