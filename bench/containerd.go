@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -138,6 +139,50 @@ func (b *ctrdBench) startLatency(ctx context.Context, rt string, n int) ([]float
 		}
 		out = append(out, ms(time.Since(start)))
 		delete(b.live, id) // --rm removed it
+	}
+	return out, nil
+}
+
+// startTiming is the shim's account of one container's Create, Start and
+// Delete (its "container timing" log line), in ms.
+type startTiming struct{ calls, vm, guest, shim float64 }
+
+// timingLine matches the shim's "container timing" line and its fields.
+var (
+	timingLine  = regexp.MustCompile(`msg="container timing"(.*)`)
+	timingField = regexp.MustCompile(`(\w+)=(\S+)`)
+)
+
+// timings reads the shim's timing of the containers whose ids start with
+// prefix from containerd's log (where the shim's log lines go). The shim
+// writes the line before its Delete returns; containerd copies it into
+// its log a moment later.
+func (b *ctrdBench) timings(prefix string, want int) ([]startTiming, error) {
+	var out []startTiming
+	for wait := 0; ; wait++ {
+		out = out[:0]
+		for _, line := range strings.Split(b.c.Log(), "\n") {
+			m := timingLine.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			f := map[string]string{}
+			for _, kv := range timingField.FindAllStringSubmatch(m[1], -1) {
+				f[kv[1]] = strings.Trim(kv[2], `"`)
+			}
+			if !strings.HasPrefix(f["container"], prefix) {
+				continue
+			}
+			num := func(k string) float64 { v, _ := strconv.ParseFloat(f[k], 64); return v }
+			out = append(out, startTiming{calls: num("calls_ms"), vm: num("vm_ms"), guest: num("guest_ms"), shim: num("shim_ms")})
+		}
+		if len(out) >= want || wait == 20 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(out) < want {
+		return out, fmt.Errorf("containerd's log has %d shim timing lines for %s*, want %d", len(out), prefix, want)
 	}
 	return out, nil
 }
@@ -353,6 +398,8 @@ func pidsWithArg(s string) []int {
 // ctrdFigures are the containerd figures of both runtimes.
 type ctrdFigures struct {
 	start, exec, stdout [2][]float64
+	// startTimings are the shim's accounts of Cocoon's starts.
+	startTimings []startTiming
 	// stdoutHead is stdout with busybox's head -c as the producer.
 	stdoutHead        [2][]float64
 	shimRSS, rss, pss [2][]float64
@@ -372,6 +419,11 @@ func benchContainerd(ctx context.Context, cfg *config.Config, n int) (f ctrdFigu
 	for i, rt := range []string{runtimeCocoon, runtimeRunc} {
 		if f.start[i], err = b.startLatency(ctx, rt, n); err != nil {
 			return f, err
+		}
+		if rt == runtimeCocoon {
+			if f.startTimings, err = b.timings("start-", n); err != nil {
+				return f, err
+			}
 		}
 		if f.stdout[i], err = b.throughput(ctx, rt, ddProducer, 3); err != nil {
 			return f, err

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -42,7 +43,32 @@ type Client struct {
 	control net.Conn
 	rpc     *ttrpc.Client
 	agent   api.AgentService
+	// guestNanos is the time spent in calls the guest works on (see
+	// GuestTime).
+	guestNanos atomic.Int64
 }
+
+// waitingMethods are the calls that wait for something to happen in the
+// guest rather than work on a request: they do not count as guest time.
+var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true}
+
+// account adds the duration of each call but the waiting ones to the
+// guest time.
+func (c *Client) account(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
+	if waitingMethods[req.Method] {
+		return invoke(ctx, req, resp)
+	}
+	start := time.Now()
+	err := invoke(ctx, req, resp)
+	c.guestNanos.Add(int64(time.Since(start)))
+	return err
+}
+
+// GuestTime is the time spent so far in calls the guest works on, from
+// request to answer (the session's transport included); the calls that
+// wait for a process exit or an event are left out. Calls that overlap
+// are each counted in full.
+func (c *Client) GuestTime() time.Duration { return time.Duration(c.guestNanos.Load()) }
 
 // Connect starts the agent session over conn, which the Client then owns.
 // It does not wait for the guest: the first call does (see WaitReady).
@@ -74,8 +100,9 @@ func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
 		_ = sess.Close()
 		return nil, err
 	}
-	rpc := ttrpc.NewClient(control)
-	c := &Client{sess: sess, control: control, rpc: rpc, agent: api.NewAgentClient(rpc)}
+	c := &Client{sess: sess, control: control}
+	c.rpc = ttrpc.NewClient(control, ttrpc.WithUnaryClientInterceptor(c.account))
+	c.agent = api.NewAgentClient(c.rpc)
 	go c.refuseGuestStreams(ctx)
 	return c, nil
 }

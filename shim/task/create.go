@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
@@ -33,11 +34,12 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 		return nil, err
 	}
 	defer s.unreserve(r.ID)
-	p, pio, err := s.create(ctx, r, spec)
+	clock := startClock(nil)
+	p, pio, err := s.create(ctx, r, spec, &clock)
 	if err != nil {
 		return nil, err
 	}
-	return &taskapi.CreateTaskResponse{Pid: s.commitCreate(r, p, pio)}, nil
+	return &taskapi.CreateTaskResponse{Pid: s.commitCreate(r, p, pio, clock)}, nil
 }
 
 // createRefused turns a "not implemented" refusal into a failed
@@ -75,12 +77,14 @@ func (s *Service) unreserve(id string) {
 
 // create boots the sandbox if needed and creates the container in the
 // guest, with its stdio open. On error nothing is left open.
-func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec) (_ Process, _ *stdio.IO, retErr error) {
+func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, clock *callClock) (_ Process, _ *stdio.IO, retErr error) {
 	sbID, _ := SandboxID(r.ID, spec.Annotations)
 	sb, err := s.sandboxFor(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations})
 	if err != nil {
 		return nil, nil, err
 	}
+	clock.vm = time.Since(clock.began)
+	clock.guestFrom(sb)
 	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 	if err != nil {
 		return nil, nil, err
@@ -106,12 +110,13 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 
 // commitCreate records the created container, publishes its create event
 // and starts waiting for its init; it returns the pid for containerd.
-func (s *Service) commitCreate(r *taskapi.CreateTaskRequest, guest Process, pio *stdio.IO) uint32 {
+func (s *Service) commitCreate(r *taskapi.CreateTaskRequest, guest Process, pio *stdio.IO, clock callClock) uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := newProcess(r.ID, "", stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}, nil)
 	p.guest, p.io = guest, pio
 	c := &container{id: r.ID, bundle: filepath.Clean(r.Bundle), init: p, execs: make(map[string]*process)}
+	clock.addLocked(c)
 	s.containers[r.ID] = c
 	pid := s.hostPIDLocked()
 	s.publish(TopicCreate, &eventstypes.TaskCreate{

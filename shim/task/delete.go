@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"fmt"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
@@ -17,6 +18,7 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 	if err != nil {
 		return nil, err
 	}
+	clock := startClock(t.sb)
 	exit, vm, last, err := s.commitLastDelete(t)
 	if err != nil {
 		return nil, err
@@ -31,7 +33,14 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 			return nil, err
 		}
 	}
-	s.release(ctx, t, vm)
+	clock.vm = s.release(ctx, t, vm)
+	if r.ExecID == "" {
+		s.mu.Lock()
+		clock.addLocked(t.c)
+		tm := t.c.timing
+		s.mu.Unlock()
+		logTiming(ctx, t.c, tm)
+	}
 	return &taskapi.DeleteResponse{Pid: t.pid, ExitStatus: exit.code, ExitedAt: timestamp(exit.at)}, nil
 }
 
@@ -107,8 +116,9 @@ func (s *Service) commitDeleteLocked(t target) (exitStatus, *vmSlot, error) {
 }
 
 // release closes the deleted process's stdio (and a container's execs'),
-// and stops the VM if nothing is left in it.
-func (s *Service) release(ctx context.Context, t target, vm *vmSlot) {
+// and stops the VM if nothing is left in it; it returns how long the stop
+// took.
+func (s *Service) release(ctx context.Context, t target, vm *vmSlot) time.Duration {
 	procs := []*process{t.p}
 	if t.p.execID == "" {
 		s.mu.Lock()
@@ -127,7 +137,12 @@ func (s *Service) release(ctx context.Context, t target, vm *vmSlot) {
 			}
 		}
 	}
+	began := time.Now()
 	if err := stopVM(ctx, vm); err != nil {
 		log.G(ctx).WithError(err).Warn("stop the sandbox after its last container")
 	}
+	if vm == nil {
+		return 0
+	}
+	return time.Since(began)
 }

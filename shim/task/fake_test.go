@@ -82,10 +82,19 @@ func newFakeSandbox() *fakeSandbox {
 	return &fakeSandbox{events: make(chan SandboxEvent, 8), procs: map[string]*fakeProcess{}}
 }
 
+// record logs a guest call, which takes a millisecond (see GuestTime).
 func (s *fakeSandbox) record(format string, a ...any) {
+	time.Sleep(time.Millisecond)
 	s.mu.Lock()
 	s.calls = append(s.calls, fmt.Sprintf(format, a...))
 	s.mu.Unlock()
+}
+
+// GuestTime counts each guest call as the millisecond it took.
+func (s *fakeSandbox) GuestTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Duration(len(s.calls)) * time.Millisecond
 }
 
 func (s *fakeSandbox) callLog() []string {

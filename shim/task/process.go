@@ -22,6 +22,9 @@ type container struct {
 	// oomKills is the count of the container's OOM kills reported to
 	// containerd so far; guarded by Service.mu.
 	oomKills uint64
+	// timing is where the init's task calls spent their time; guarded
+	// by Service.mu.
+	timing timing
 }
 
 // process is a container's init or one of its execs. Its lifecycle fields

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"syscall"
+	"time"
 
 	cgroupsv2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -72,6 +73,9 @@ type Sandbox interface {
 	// Stop shuts the VM down and removes its state. Safe to call more
 	// than once.
 	Stop(ctx context.Context) error
+	// GuestTime is the time spent so far in calls the guest agent works
+	// on (not those waiting for exits or events).
+	GuestTime() time.Duration
 }
 
 // ContainerSpec describes a container to create in the guest.

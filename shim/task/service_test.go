@@ -680,3 +680,17 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestTiming: the init's Create and Start add their wall time, the VM's
+// boot and the guest calls made meanwhile to the container's timing.
+func TestTiming(t *testing.T) {
+	ts := newTestService(t)
+	ts.mustCreateStart("c1")
+	ts.svc.mu.Lock()
+	tm := ts.svc.containers["c1"].timing
+	ts.svc.mu.Unlock()
+	// The fake counts each guest call (create, start) as 1 ms.
+	if tm.guest != 2*time.Millisecond || tm.calls < tm.vm+tm.guest || tm.shim() < 0 {
+		t.Errorf("timing %+v (shim %v): want 2 ms of guest time inside the calls", tm, tm.shim())
+	}
+}

@@ -17,10 +17,16 @@ func (s *Service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 	if err != nil {
 		return nil, err
 	}
+	clock := startClock(t.sb)
 	guest, pio, err := s.startInGuest(ctx, t)
 	pid, err := s.commitStart(ctx, t.c, t.p, guest, pio, err)
 	if err != nil {
 		return nil, err
+	}
+	if r.ExecID == "" {
+		s.mu.Lock()
+		clock.addLocked(t.c)
+		s.mu.Unlock()
 	}
 	return &taskapi.StartResponse{Pid: pid}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"time"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
@@ -73,6 +74,14 @@ func newVMSandbox(sb *sandbox.Sandbox) *vmSandbox {
 		}
 	}()
 	return v
+}
+
+// GuestTime is the time spent in the guest agent's working calls.
+func (v *vmSandbox) GuestTime() time.Duration {
+	if a := v.Agent(); a != nil {
+		return a.GuestTime()
+	}
+	return 0
 }
 
 // HostPID is the VMM's pid.
