@@ -116,8 +116,6 @@ type Service struct {
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
-	// warm starts warmSpecCodecs once.
-	warm sync.Once
 }
 
 var _ api.AgentService = (*Service)(nil)
@@ -198,15 +196,6 @@ func (s *Service) SyncGuest(ctx context.Context, req *api.SyncGuestRequest) (*ap
 		return nil, err
 	}
 	log.G(ctx).WithField("hostname", req.Hostname).Debug("guest synced")
-	// The host's next step is a container, whose spec is the first JSON
-	// the agent decodes.
-	s.warm.Do(func() {
-		go func() {
-			if err := warmSpecCodecs(); err != nil {
-				log.G(ctx).WithError(err).Warn("warm the spec decoders")
-			}
-		}()
-	})
 	return &api.SyncGuestResponse{}, nil
 }
 

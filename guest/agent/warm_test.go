@@ -1,9 +1,0 @@
-package agent
-
-import "testing"
-
-func TestWarmSpecCodecs(t *testing.T) {
-	if err := warmSpecCodecs(); err != nil {
-		t.Fatal(err)
-	}
-}
