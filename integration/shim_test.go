@@ -432,16 +432,16 @@ func TestShimParallel(t *testing.T) {
 }
 
 // TestShimRestart starts a new task in a container whose task exited and
-// was deleted, twice: after `ctr run` (which deletes the task itself) and
-// after a detached start and `ctr task rm`. (Each task starts from the
-// image again: writes to the rootfs do not outlive the task, see
-// docs/rootfs.md.)
+// was deleted, three times: after `ctr run` (which deletes the task
+// itself), detached, and after `ctr task rm`. What each task wrote to its
+// root is there for the next, as with runc: the writable layer goes back
+// to the snapshot's upperdir when the task is deleted.
 func TestShimRestart(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			c, img, _ := shimContainerd(t, v)
 			removeAtEnd(t, c, "again")
-			run := func(what string, args ...string) {
+			run := func(what, want string, args ...string) {
 				t.Helper()
 				var out, stderr bytes.Buffer
 				cmd := c.CtrCommand(context.Background(), args...)
@@ -449,16 +449,19 @@ func TestShimRestart(t *testing.T) {
 				if err := cmd.Run(); exitCode(err) != 4 {
 					t.Fatalf("%s: ctr %v: want exit status 4, got %v\n%s", what, args, err, stderr.String())
 				}
-				if got := strings.TrimSpace(out.String()); got != "started" {
-					t.Errorf("%s: output %q, want %q", what, got, "started")
+				if got := strings.TrimSpace(out.String()); got != want {
+					t.Errorf("%s: output %q, want %q", what, got, want)
 				}
 			}
-			run("first run", "run", "--runtime", runtimeName, img, "again", "sh", "-c", "echo started; exit 4")
-			run("task start after ctr run", "task", "start", "again")
+			// Each run appends to a file in the container's root: what a
+			// task wrote is there for the next task on the snapshot.
+			run("first run", "started 1", "run", "--runtime", runtimeName, img, "again",
+				"sh", "-c", "echo x >> /runs; echo started $(wc -l < /runs); exit 4")
+			run("task start after ctr run", "started 2", "task", "start", "again")
 			c.MustCtr("task", "start", "-d", "again")
 			c.WaitStatus(t, "again", "STOPPED")
 			c.MustCtr("task", "rm", "again")
-			run("task start after task rm", "task", "start", "again")
+			run("task start after task rm", "started 4", "task", "start", "again")
 			c.MustCtr("container", "rm", "again")
 			c.WaitNoShim(t)
 		})

@@ -53,9 +53,28 @@ func validContainerID(id string) error {
 // RootfsAssembler builds container root filesystems in the guest.
 type RootfsAssembler interface {
 	// Assemble mounts the root filesystem r describes under dir, the
-	// container's directory, and returns the root's path and a function
-	// that unmounts what it mounted. On error nothing is left mounted.
-	Assemble(ctx context.Context, dir string, r *api.Rootfs) (root string, release func(context.Context) error, err error)
+	// container's directory. On error nothing is left mounted.
+	Assemble(ctx context.Context, dir string, r *api.Rootfs) (*Mounted, error)
+}
+
+// Mounted is an assembled root filesystem.
+type Mounted struct {
+	// Root is the path of the container's root.
+	Root string
+	// Release unmounts what Assemble mounted.
+	Release func(context.Context) error
+	// Changed writes the writable layer out to its disk and reports
+	// whether anything was written to it since Assemble; nil when the
+	// root has no writable layer of its own to hand back.
+	Changed func() (bool, error)
+}
+
+// changed reports through m.Changed, false without one.
+func (m *Mounted) changed() (bool, error) {
+	if m == nil || m.Changed == nil {
+		return false, nil
+	}
+	return m.Changed()
 }
 
 // containerState is where a container is in its lifecycle:
@@ -127,8 +146,8 @@ type container struct {
 	cgroup string
 	// init is the container's init process, also in Service.procs.
 	init *process
-	// release unmounts the root filesystem.
-	release func(context.Context) error
+	// rootfs is the container's assembled root filesystem.
+	rootfs *Mounted
 	// oomWatch is the inotify watch on memory.events; 0 when none.
 	oomWatch int32
 
@@ -489,13 +508,14 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 
 	// Where the time of a create goes, for the log line at its end.
 	began := time.Now()
-	root, release, err := cs.rootfs.Assemble(ctx, dir, req.Rootfs)
+	mounted, err := cs.rootfs.Assemble(ctx, dir, req.Rootfs)
 	assembled := time.Since(began)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: assemble rootfs: %w", id, err)
 	}
+	root := mounted.Root
 	undo.push(func() {
-		if err := release(cleanupCtx); err != nil {
+		if err := mounted.Release(cleanupCtx); err != nil {
 			stillMounted = true
 			log.G(ctx).WithError(err).Warn("unmount rootfs")
 		}
@@ -537,11 +557,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	}
 
 	c := &container{
-		id:      id,
-		dir:     dir,
-		cgroup:  filepath.Join(cs.cgroupRoot, spec.Linux.CgroupsPath),
-		release: release,
-		state:   stateCreated,
+		id:     id,
+		dir:    dir,
+		cgroup: filepath.Join(cs.cgroupRoot, spec.Linux.CgroupsPath),
+		rootfs: mounted,
+		state:  stateCreated,
 	}
 	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited, oomKills: c.oomKills}
 	c.init = p
@@ -712,7 +732,7 @@ func (s *Service) KillContainer(ctx context.Context, req *api.KillContainerReque
 // DeleteContainer removes a created or stopped container: `delete`,
 // then its rootfs is unmounted and its directory removed. The processes'
 // exit statuses stay for WaitProcess.
-func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
+func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest) (*api.RootfsState, error) {
 	cs := s.containers
 	c, err := cs.get(req.ContainerId)
 	if err != nil {
@@ -746,7 +766,12 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 		return nil, fmt.Errorf("container %s: wait for init to exit: %w", c.id, ctx.Err())
 	}
 	cs.unwatchOOM(c)
-	if err := c.release(ctx); err != nil {
+	changed, err := c.rootfs.changed()
+	if err != nil {
+		// The host then keeps the upperdir as it was: said loudly.
+		log.G(ctx).WithError(err).WithField("container", c.id).Warn("cannot tell whether the writable layer changed")
+	}
+	if err := c.rootfs.Release(ctx); err != nil {
 		return nil, fmt.Errorf("container %s: unmount rootfs: %w", c.id, err)
 	}
 	if err := os.RemoveAll(c.dir); err != nil {
@@ -756,8 +781,27 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 	delete(cs.byID, c.id)
 	cs.mu.Unlock()
 	ok = true
-	log.G(ctx).WithField("container", c.id).Info("container deleted")
-	return &api.Empty{}, nil
+	log.G(ctx).WithField("container", c.id).WithField("rootfs_changed", changed).Info("container deleted")
+	return &api.RootfsState{Changed: changed}, nil
+}
+
+// FlushContainer writes a stopped container's writable layer to its disk
+// and reports whether it changed, leaving the container as it is: the host
+// stops the VM next.
+func (s *Service) FlushContainer(ctx context.Context, req *api.ContainerRequest) (*api.RootfsState, error) {
+	c, err := s.containers.get(req.ContainerId)
+	if err != nil {
+		return nil, err
+	}
+	if st := c.current(); st != stateStopped {
+		return nil, fmt.Errorf("container %s is %s: only a stopped container's layer can be flushed: %w", c.id, st, errdefs.ErrFailedPrecondition)
+	}
+	changed, err := c.rootfs.changed()
+	if err != nil {
+		return nil, fmt.Errorf("container %s: flush the writable layer: %w", c.id, err)
+	}
+	log.G(ctx).WithField("container", c.id).WithField("rootfs_changed", changed).Debug("container flushed")
+	return &api.RootfsState{Changed: changed}, nil
 }
 
 // UpdateContainer applies new resource limits (`update`).

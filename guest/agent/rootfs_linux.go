@@ -87,10 +87,14 @@ type mountStep struct {
 	sync bool
 }
 
-// Assemble mounts the rootfs r describes under dir.
-func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_ string, _ func(context.Context) error, retErr error) {
+// Assemble mounts the rootfs r describes under dir. With a scratch disk,
+// the Mounted's Changed tells by the ext4 filesystem's count of bytes
+// written to its disk (sysfs lifetime_write_kbytes), read after a syncfs
+// once the overlay is up and again when asked: the count moves only when
+// something reaches the disk, and a syncfs puts everything there.
+func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_ *Mounted, retErr error) {
 	if err := validateRootfs(r); err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	sys := d.kernel()
 	var done []mountStep
@@ -107,18 +111,18 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 
 	root := filepath.Join(dir, rootfsDir)
 	if err := os.MkdirAll(root, 0o755); err != nil {
-		return "", nil, fmt.Errorf("rootfs: %w", err)
+		return nil, fmt.Errorf("rootfs: %w", err)
 	}
 	if len(r.Layers) == 1 && r.Scratch == nil {
-		dev, err := d.device(ctx, dir, r.Layers[0])
+		dev, _, err := d.device(ctx, dir, r.Layers[0])
 		if err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		if err := d.mountDisk(ctx, dev, root, r.Layers[0].Fstype, unix.MS_RDONLY); err != nil {
-			return "", nil, fmt.Errorf("mount layer 0 (%s) on %s: %w", dev, root, err)
+			return nil, fmt.Errorf("mount layer 0 (%s) on %s: %w", dev, root, err)
 		}
 		done = append(done, mountStep{target: root})
-		return root, release, nil
+		return &Mounted{Root: root, Release: release}, nil
 	}
 
 	names := make([]string, len(r.Layers))
@@ -126,29 +130,32 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 		names[i] = strconv.Itoa(i)
 		target := filepath.Join(dir, layersDir, names[i])
 		if err := os.MkdirAll(target, 0o755); err != nil {
-			return "", nil, fmt.Errorf("rootfs: %w", err)
+			return nil, fmt.Errorf("rootfs: %w", err)
 		}
-		dev, err := d.device(ctx, dir, disk)
+		dev, _, err := d.device(ctx, dir, disk)
 		if err != nil {
-			return "", nil, fmt.Errorf("layer %d: %w", i, err)
+			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
 		if err := d.mountDisk(ctx, dev, target, disk.Fstype, unix.MS_RDONLY); err != nil {
-			return "", nil, fmt.Errorf("mount layer %d (%s, %s): %w", i, dev, disk.Fstype, err)
+			return nil, fmt.Errorf("mount layer %d (%s, %s): %w", i, dev, disk.Fstype, err)
 		}
 		done = append(done, mountStep{target: target})
 	}
-	var upper, work string
+	var upper, work, scratch, scratchName string
 	if r.Scratch != nil {
-		scratch := filepath.Join(dir, scratchDir)
+		scratch = filepath.Join(dir, scratchDir)
 		if err := os.MkdirAll(scratch, 0o755); err != nil {
-			return "", nil, fmt.Errorf("rootfs: %w", err)
+			return nil, fmt.Errorf("rootfs: %w", err)
 		}
-		dev, err := d.device(ctx, dir, r.Scratch)
+		dev, name, err := d.device(ctx, dir, r.Scratch)
 		if err != nil {
-			return "", nil, fmt.Errorf("scratch disk: %w", err)
+			return nil, fmt.Errorf("scratch disk: %w", err)
 		}
-		if err := d.mountDisk(ctx, dev, scratch, r.Scratch.Fstype, 0); err != nil {
-			return "", nil, fmt.Errorf("mount scratch disk (%s, %s): %w", dev, r.Scratch.Fstype, err)
+		scratchName = name
+		// noatime: reading the container's files must not count as a
+		// change of its writable layer.
+		if err := d.mountDisk(ctx, dev, scratch, r.Scratch.Fstype, unix.MS_NOATIME); err != nil {
+			return nil, fmt.Errorf("mount scratch disk (%s, %s): %w", dev, r.Scratch.Fstype, err)
 		}
 		done = append(done, mountStep{target: scratch, sync: true})
 		upper, work = filepath.Join(scratch, "upper"), filepath.Join(scratch, "work")
@@ -156,21 +163,58 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 			// Present already in a scratch disk that was used before
 			// (a restored checkpoint).
 			if err := os.MkdirAll(p, 0o755); err != nil {
-				return "", nil, fmt.Errorf("scratch disk: %w", err)
+				return nil, fmt.Errorf("scratch disk: %w", err)
 			}
 		}
 	}
 	data, err := overlayData(names, upper, work)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	// The lower layers are named relative to the layers directory: with
 	// hundreds of layers absolute paths would not fit in a page.
 	if err := sys.mountIn(filepath.Join(dir, layersDir), "overlay", root, "overlay", 0, data); err != nil {
-		return "", nil, fmt.Errorf("mount overlay on %s: %w", root, err)
+		return nil, fmt.Errorf("mount overlay on %s: %w", root, err)
 	}
 	done = append(done, mountStep{target: root})
-	return root, release, nil
+	m := &Mounted{Root: root, Release: release}
+	if scratch != "" {
+		written := func() (uint64, error) {
+			if err := sys.syncfs(scratch); err != nil {
+				return 0, fmt.Errorf("sync the scratch disk: %w", err)
+			}
+			return ext4Written(d.SysDir, scratchName)
+		}
+		base, err := written()
+		if err != nil {
+			// Without the count every flush reports a change: the host
+			// copies the layer back, which is slower, never wrong.
+			log.G(ctx).WithError(err).Warn("no write count for the scratch disk; its layer is always copied back")
+		}
+		m.Changed = func() (bool, error) {
+			now, nerr := written()
+			if err != nil || nerr != nil {
+				return true, nerr
+			}
+			return now != base, nil
+		}
+	}
+	return m, nil
+}
+
+// ext4Written reads how many KiB the ext4 filesystem on block device name
+// has written to it (the count includes what was written since mount).
+func ext4Written(sysDir, name string) (uint64, error) {
+	p := filepath.Join(sysDir, "fs", "ext4", name, "lifetime_write_kbytes")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", p, err)
+	}
+	return n, nil
 }
 
 func validateRootfs(r *api.Rootfs) error {
@@ -305,31 +349,31 @@ func (d *DiskRootfs) mountDisk(ctx context.Context, dev, target, fstype string, 
 	}
 }
 
-// device returns a device node for the disk: devtmpfs's, or one made in
-// the container's directory when /dev lacks it.
-func (d *DiskRootfs) device(ctx context.Context, dir string, disk *api.Disk) (string, error) {
-	name, err := d.waitBlock(ctx, disk)
+// device returns a device node for the disk (devtmpfs's, or one made in
+// the container's directory when /dev lacks it) and its block device name.
+func (d *DiskRootfs) device(ctx context.Context, dir string, disk *api.Disk) (node, name string, err error) {
+	name, err = d.waitBlock(ctx, disk)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	node := filepath.Join(d.DevDir, name)
+	node = filepath.Join(d.DevDir, name)
 	if fi, err := os.Stat(node); err == nil && fi.Mode()&os.ModeDevice != 0 {
-		return node, nil
+		return node, name, nil
 	}
 	devFile := filepath.Join(d.SysDir, "class", "block", name, "dev")
 	b, err := os.ReadFile(devFile)
 	if err != nil {
-		return "", fmt.Errorf("disk %s: %w", name, err)
+		return "", "", fmt.Errorf("disk %s: %w", name, err)
 	}
 	major, minor, err := parseDevNumber(strings.TrimSpace(string(b)))
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", devFile, err)
+		return "", "", fmt.Errorf("%s: %w", devFile, err)
 	}
 	node = filepath.Join(dir, "dev-"+name)
 	if err := d.kernel().mknodBlock(node, major, minor); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("device node for %s: %w", name, err)
+		return "", "", fmt.Errorf("device node for %s: %w", name, err)
 	}
-	return node, nil
+	return node, name, nil
 }
 
 func parseDevNumber(s string) (uint32, uint32, error) {

@@ -168,11 +168,19 @@ func TestAssembleOverlay(t *testing.T) {
 	m := &fakeMounter{}
 	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), Timeout: time.Second, sys: m}
 	dir := t.TempDir()
+	written := filepath.Join(sys, "fs", "ext4", "sdc", "lifetime_write_kbytes")
+	if err := os.MkdirAll(filepath.Dir(written), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(written, []byte("1200\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r := &api.Rootfs{Layers: []*api.Disk{layer(1), layer(2)}, Scratch: &api.Disk{ScsiId: 3, Fstype: "ext4"}}
-	root, release, err := d.Assemble(context.Background(), dir, r)
+	mounted, err := d.Assemble(context.Background(), dir, r)
 	if err != nil {
 		t.Fatal(err)
 	}
+	root, release := mounted.Root, mounted.Release
 	if root != filepath.Join(dir, "rootfs") {
 		t.Fatalf("root %s", root)
 	}
@@ -189,9 +197,24 @@ func TestAssembleOverlay(t *testing.T) {
 		"mknod dev-sdc 8:48",
 		"mount dev-sdc " + dir + "/scratch ext4 ro=false ",
 		"mount-in " + dir + "/layers overlay " + dir + "/rootfs overlay lowerdir=1:0,upperdir=" + dir + "/scratch/upper,workdir=" + dir + "/scratch/work",
+		// The write count's base, once the overlay is up.
+		"syncfs " + dir + "/scratch",
 	}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("mounts:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Changed syncs, then compares the filesystem's write count.
+	if changed, err := mounted.Changed(); err != nil || changed {
+		t.Fatalf("changed = %v, %v before any write", changed, err)
+	}
+	if err := os.WriteFile(written, []byte("1204\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := mounted.Changed(); err != nil || !changed {
+		t.Fatalf("changed = %v, %v after a write", changed, err)
+	}
+	if got := m.take(); !reflect.DeepEqual(got, []string{"syncfs " + dir + "/scratch", "syncfs " + dir + "/scratch"}) {
+		t.Fatalf("Changed did %q, want a syncfs each", got)
 	}
 	if err := release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -213,9 +236,13 @@ func TestAssembleSingleLayer(t *testing.T) {
 	m := &fakeMounter{}
 	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), sys: m}
 	dir := t.TempDir()
-	root, release, err := d.Assemble(context.Background(), dir, &api.Rootfs{Layers: []*api.Disk{layer(4)}})
+	mounted, err := d.Assemble(context.Background(), dir, &api.Rootfs{Layers: []*api.Disk{layer(4)}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	root, release := mounted.Root, mounted.Release
+	if mounted.Changed != nil {
+		t.Error("a root of one read-only layer has a writable layer to report")
 	}
 	want := []string{"mknod dev-sdd 8:64", "mount dev-sdd " + root + " erofs ro=true "}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
@@ -233,10 +260,11 @@ func TestAssembleRetriesDiskNotYetOpenable(t *testing.T) {
 	sys := fakeSys(t, map[uint32]string{4: "sdd"})
 	m := &fakeMounter{notYet: 3}
 	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), sys: m}
-	root, _, err := d.Assemble(context.Background(), t.TempDir(), &api.Rootfs{Layers: []*api.Disk{layer(4)}})
+	mounted, err := d.Assemble(context.Background(), t.TempDir(), &api.Rootfs{Layers: []*api.Disk{layer(4)}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	root := mounted.Root
 	want := []string{"mknod dev-sdd 8:64", "mount dev-sdd " + root + " erofs ro=true "}
 	if got := m.take(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %q", got)
@@ -248,7 +276,7 @@ func TestAssembleUnwindsOnFailure(t *testing.T) {
 	m := &fakeMounter{fail: "/rootfs"}
 	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), sys: m}
 	dir := t.TempDir()
-	_, _, err := d.Assemble(context.Background(), dir, &api.Rootfs{Layers: []*api.Disk{layer(1), layer(2)}, Scratch: &api.Disk{ScsiId: 3, Fstype: "ext4"}})
+	_, err := d.Assemble(context.Background(), dir, &api.Rootfs{Layers: []*api.Disk{layer(1), layer(2)}, Scratch: &api.Disk{ScsiId: 3, Fstype: "ext4"}})
 	if err == nil || !strings.Contains(err.Error(), "mount overlay") {
 		t.Fatalf("want overlay failure, got %v", err)
 	}
@@ -309,5 +337,19 @@ func TestParseDevNumber(t *testing.T) {
 		if _, _, err := parseDevNumber(s); err == nil {
 			t.Errorf("%q parsed", s)
 		}
+	}
+}
+
+// Without the filesystem's write count every flush reports a change: the
+// host then copies the layer back, which is never wrong.
+func TestChangedWithoutWriteCount(t *testing.T) {
+	sys := fakeSys(t, map[uint32]string{1: "sda", 3: "sdc"})
+	d := &DiskRootfs{SysDir: sys, DevDir: t.TempDir(), Timeout: time.Second, sys: &fakeMounter{}}
+	mounted, err := d.Assemble(context.Background(), t.TempDir(), &api.Rootfs{Layers: []*api.Disk{layer(1)}, Scratch: &api.Disk{ScsiId: 3, Fstype: "ext4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, _ := mounted.Changed(); !changed {
+		t.Error("no write count, and Changed says nothing changed")
 	}
 }

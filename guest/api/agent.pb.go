@@ -74,7 +74,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10, 0}
+	return file_agent_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type ContainerRequest struct {
@@ -122,6 +122,52 @@ func (x *ContainerRequest) GetContainerId() string {
 	return ""
 }
 
+type RootfsState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// changed is whether anything was written to the container's scratch
+	// disk since its overlay was assembled; false for a read-only root.
+	Changed       bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RootfsState) Reset() {
+	*x = RootfsState{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RootfsState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RootfsState) ProtoMessage() {}
+
+func (x *RootfsState) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RootfsState.ProtoReflect.Descriptor instead.
+func (*RootfsState) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RootfsState) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 // Disk is a block device the host attached to the guest's virtio-scsi
 // controller.
 type Disk struct {
@@ -139,7 +185,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +197,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +210,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Disk) GetScsiId() uint32 {
@@ -208,7 +254,7 @@ type Rootfs struct {
 
 func (x *Rootfs) Reset() {
 	*x = Rootfs{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +266,7 @@ func (x *Rootfs) String() string {
 func (*Rootfs) ProtoMessage() {}
 
 func (x *Rootfs) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +279,7 @@ func (x *Rootfs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rootfs.ProtoReflect.Descriptor instead.
 func (*Rootfs) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Rootfs) GetLayers() []*Disk {
@@ -272,7 +318,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +330,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +343,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateContainerRequest) GetContainerId() string {
@@ -364,7 +410,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +422,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +435,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -445,7 +491,7 @@ type KillContainerRequest struct {
 
 func (x *KillContainerRequest) Reset() {
 	*x = KillContainerRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +503,7 @@ func (x *KillContainerRequest) String() string {
 func (*KillContainerRequest) ProtoMessage() {}
 
 func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +516,7 @@ func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillContainerRequest.ProtoReflect.Descriptor instead.
 func (*KillContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KillContainerRequest) GetContainerId() string {
@@ -505,7 +551,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +563,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +576,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -558,7 +604,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +616,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +629,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ContainerStatsResponse) GetMetrics() []byte {
@@ -602,7 +648,7 @@ type ContainerPidsResponse struct {
 
 func (x *ContainerPidsResponse) Reset() {
 	*x = ContainerPidsResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +660,7 @@ func (x *ContainerPidsResponse) String() string {
 func (*ContainerPidsResponse) ProtoMessage() {}
 
 func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +673,7 @@ func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPidsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ContainerPidsResponse) GetPids() []uint32 {
@@ -645,7 +691,7 @@ type NextEventRequest struct {
 
 func (x *NextEventRequest) Reset() {
 	*x = NextEventRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +703,7 @@ func (x *NextEventRequest) String() string {
 func (*NextEventRequest) ProtoMessage() {}
 
 func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +716,7 @@ func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextEventRequest.ProtoReflect.Descriptor instead.
 func (*NextEventRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 type Event struct {
@@ -687,7 +733,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +745,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +758,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -744,7 +790,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +802,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +815,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type PingRequest struct {
@@ -780,7 +826,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +838,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +851,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type PingResponse struct {
@@ -824,7 +870,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +882,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +895,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PingResponse) GetVersion() string {
@@ -894,7 +940,7 @@ type SyncGuestRequest struct {
 
 func (x *SyncGuestRequest) Reset() {
 	*x = SyncGuestRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +952,7 @@ func (x *SyncGuestRequest) String() string {
 func (*SyncGuestRequest) ProtoMessage() {}
 
 func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +965,7 @@ func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestRequest.ProtoReflect.Descriptor instead.
 func (*SyncGuestRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SyncGuestRequest) GetWallTimeUnixNs() int64 {
@@ -951,7 +997,7 @@ type SyncGuestResponse struct {
 
 func (x *SyncGuestResponse) Reset() {
 	*x = SyncGuestResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1009,7 @@ func (x *SyncGuestResponse) String() string {
 func (*SyncGuestResponse) ProtoMessage() {}
 
 func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1022,7 @@ func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestResponse.ProtoReflect.Descriptor instead.
 func (*SyncGuestResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 type StartProcessRequest struct {
@@ -1010,7 +1056,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1068,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1081,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StartProcessRequest) GetId() string {
@@ -1132,7 +1178,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1190,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1203,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -1176,7 +1222,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1234,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1247,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitProcessRequest) GetId() string {
@@ -1230,7 +1276,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1288,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1301,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -1298,7 +1344,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1356,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1369,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SignalProcessRequest) GetId() string {
@@ -1356,7 +1402,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1414,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1427,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -1402,7 +1448,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1460,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1473,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1459,7 +1505,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1517,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1530,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1493,7 +1539,9 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\"5\n" +
 	"\x10ContainerRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"f\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"'\n" +
+	"\vRootfsState\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\"f\n" +
 	"\x04Disk\x12\x17\n" +
 	"\ascsi_id\x18\x01 \x01(\rR\x06scsiId\x12\x10\n" +
 	"\x03lun\x18\x02 \x01(\rR\x03lun\x12\x16\n" +
@@ -1584,7 +1632,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\x99\f\n" +
+	"\x0fShutdownRequest2\xf2\f\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -1598,8 +1646,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12K\n" +
 	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12Y\n" +
 	"\vExecProcess\x12#.cocoon.agent.v1.ExecProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12N\n" +
-	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
-	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12K\n" +
+	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12R\n" +
+	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x1c.cocoon.agent.v1.RootfsState\x12Q\n" +
+	"\x0eFlushContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x1c.cocoon.agent.v1.RootfsState\x12K\n" +
 	"\x0ePauseContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
 	"\x0fResumeContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12R\n" +
 	"\x0fUpdateContainer\x12'.cocoon.agent.v1.UpdateContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12\\\n" +
@@ -1620,79 +1669,82 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),       // 1: cocoon.agent.v1.ContainerRequest
-	(*Disk)(nil),                   // 2: cocoon.agent.v1.Disk
-	(*Rootfs)(nil),                 // 3: cocoon.agent.v1.Rootfs
-	(*CreateContainerRequest)(nil), // 4: cocoon.agent.v1.CreateContainerRequest
-	(*ExecProcessRequest)(nil),     // 5: cocoon.agent.v1.ExecProcessRequest
-	(*KillContainerRequest)(nil),   // 6: cocoon.agent.v1.KillContainerRequest
-	(*UpdateContainerRequest)(nil), // 7: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil), // 8: cocoon.agent.v1.ContainerStatsResponse
-	(*ContainerPidsResponse)(nil),  // 9: cocoon.agent.v1.ContainerPidsResponse
-	(*NextEventRequest)(nil),       // 10: cocoon.agent.v1.NextEventRequest
-	(*Event)(nil),                  // 11: cocoon.agent.v1.Event
-	(*Empty)(nil),                  // 12: cocoon.agent.v1.Empty
-	(*PingRequest)(nil),            // 13: cocoon.agent.v1.PingRequest
-	(*PingResponse)(nil),           // 14: cocoon.agent.v1.PingResponse
-	(*SyncGuestRequest)(nil),       // 15: cocoon.agent.v1.SyncGuestRequest
-	(*SyncGuestResponse)(nil),      // 16: cocoon.agent.v1.SyncGuestResponse
-	(*StartProcessRequest)(nil),    // 17: cocoon.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),   // 18: cocoon.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),     // 19: cocoon.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),    // 20: cocoon.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),   // 21: cocoon.agent.v1.SignalProcessRequest
-	(*CloseStdinRequest)(nil),      // 22: cocoon.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),       // 23: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),        // 24: cocoon.agent.v1.ShutdownRequest
+	(*RootfsState)(nil),            // 2: cocoon.agent.v1.RootfsState
+	(*Disk)(nil),                   // 3: cocoon.agent.v1.Disk
+	(*Rootfs)(nil),                 // 4: cocoon.agent.v1.Rootfs
+	(*CreateContainerRequest)(nil), // 5: cocoon.agent.v1.CreateContainerRequest
+	(*ExecProcessRequest)(nil),     // 6: cocoon.agent.v1.ExecProcessRequest
+	(*KillContainerRequest)(nil),   // 7: cocoon.agent.v1.KillContainerRequest
+	(*UpdateContainerRequest)(nil), // 8: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil), // 9: cocoon.agent.v1.ContainerStatsResponse
+	(*ContainerPidsResponse)(nil),  // 10: cocoon.agent.v1.ContainerPidsResponse
+	(*NextEventRequest)(nil),       // 11: cocoon.agent.v1.NextEventRequest
+	(*Event)(nil),                  // 12: cocoon.agent.v1.Event
+	(*Empty)(nil),                  // 13: cocoon.agent.v1.Empty
+	(*PingRequest)(nil),            // 14: cocoon.agent.v1.PingRequest
+	(*PingResponse)(nil),           // 15: cocoon.agent.v1.PingResponse
+	(*SyncGuestRequest)(nil),       // 16: cocoon.agent.v1.SyncGuestRequest
+	(*SyncGuestResponse)(nil),      // 17: cocoon.agent.v1.SyncGuestResponse
+	(*StartProcessRequest)(nil),    // 18: cocoon.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),   // 19: cocoon.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),     // 20: cocoon.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),    // 21: cocoon.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),   // 22: cocoon.agent.v1.SignalProcessRequest
+	(*CloseStdinRequest)(nil),      // 23: cocoon.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),       // 24: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),        // 25: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	2,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
-	2,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
-	3,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
+	3,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
+	3,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
+	4,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	0,  // 3: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
-	13, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	15, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	17, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	19, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	21, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	22, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	23, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	24, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	4,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	14, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	16, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	18, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	20, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	22, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	23, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	24, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	25, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	5,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
 	1,  // 13: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	5,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	6,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	6,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	7,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
 	1,  // 16: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 17: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 18: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	7,  // 19: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 20: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 21: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	10, // 22: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	14, // 23: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	16, // 24: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	18, // 25: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	20, // 26: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	12, // 27: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	12, // 28: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	12, // 29: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	12, // 30: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	18, // 31: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	12, // 32: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 33: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	12, // 34: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	12, // 35: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	12, // 36: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	12, // 37: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	12, // 38: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	8,  // 39: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	9,  // 40: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	11, // 41: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	23, // [23:42] is the sub-list for method output_type
-	4,  // [4:23] is the sub-list for method input_type
+	1,  // 17: cocoon.agent.v1.Agent.FlushContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 18: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 19: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	8,  // 20: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 21: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 22: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	11, // 23: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	15, // 24: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	17, // 25: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	19, // 26: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	21, // 27: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	13, // 28: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	13, // 29: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	13, // 30: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	13, // 31: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	19, // 32: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	13, // 33: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	19, // 34: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	13, // 35: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	2,  // 36: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.RootfsState
+	2,  // 37: cocoon.agent.v1.Agent.FlushContainer:output_type -> cocoon.agent.v1.RootfsState
+	13, // 38: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	13, // 39: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	13, // 40: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	9,  // 41: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	10, // 42: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	12, // 43: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	24, // [24:44] is the sub-list for method output_type
+	4,  // [4:24] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1709,7 +1761,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -100,7 +100,7 @@ func toDisk(d Disk) *api.Disk {
 }
 
 // CreateContainer opens the init's stdio streams and creates the
-// container (`runc create` in the guest). The returned Process is the
+// container (the OCI runtime's `create` in the guest). The returned Process is the
 // init: Wait, Signal, Resize and CloseStdin work on it; it runs its
 // entrypoint once StartContainer is called.
 func (c *Client) CreateContainer(ctx context.Context, spec ContainerCreate) (*Process, error) {
@@ -130,7 +130,7 @@ func (c *Client) CreateContainer(ctx context.Context, spec ContainerCreate) (*Pr
 }
 
 // ExecProcess opens the process's stdio streams and runs it in the
-// container (`runc exec` in the guest).
+// container (the OCI runtime's `exec` in the guest).
 func (c *Client) ExecProcess(ctx context.Context, spec ExecCreate) (*Process, error) {
 	req := &api.ExecProcessRequest{
 		ContainerId: spec.ContainerID,
@@ -229,15 +229,31 @@ func (c *Client) containerCall(ctx context.Context, op, id string, call func(con
 	return c.mapErr(fmt.Sprintf("%s container %s", op, id), err)
 }
 
-// StartContainer starts the container's init (`runc start`).
+// StartContainer starts the container's init (the runtime's `start`).
 func (c *Client) StartContainer(ctx context.Context, id string) error {
 	return c.containerCall(ctx, "start", id, c.agent.StartContainer)
 }
 
 // DeleteContainer removes a created or stopped container and unmounts its
-// root filesystem in the guest; its disks can be detached afterwards.
-func (c *Client) DeleteContainer(ctx context.Context, id string) error {
-	return c.containerCall(ctx, "delete", id, c.agent.DeleteContainer)
+// root filesystem in the guest; its disks can be detached afterwards. It
+// reports whether the container's writable layer changed.
+func (c *Client) DeleteContainer(ctx context.Context, id string) (rootfsChanged bool, err error) {
+	return c.rootfsCall(ctx, "delete", id, c.agent.DeleteContainer)
+}
+
+// FlushContainer writes a stopped container's writable layer to its disk
+// in the guest and reports whether it changed; nothing is unmounted, for a
+// VM that is stopped next.
+func (c *Client) FlushContainer(ctx context.Context, id string) (rootfsChanged bool, err error) {
+	return c.rootfsCall(ctx, "flush", id, c.agent.FlushContainer)
+}
+
+func (c *Client) rootfsCall(ctx context.Context, op, id string, call func(context.Context, *api.ContainerRequest) (*api.RootfsState, error)) (bool, error) {
+	resp, err := call(ctx, &api.ContainerRequest{ContainerId: id})
+	if err != nil {
+		return false, c.mapErr(fmt.Sprintf("%s container %s", op, id), err)
+	}
+	return resp.Changed, nil
 }
 
 // PauseContainer freezes the container.

@@ -113,7 +113,7 @@ func TestClientContainer(t *testing.T) {
 	if err != nil || len(pids) == 0 {
 		t.Fatalf("pids: %v %v", pids, err)
 	}
-	if err := c.DeleteContainer(ctx, "web"); !errdefs.IsFailedPrecondition(err) {
+	if _, err := c.DeleteContainer(ctx, "web"); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("delete running: %v", err)
 	}
 	if err := c.KillContainer(ctx, "web", syscall.SIGKILL, true); err != nil {
@@ -129,8 +129,16 @@ func TestClientContainer(t *testing.T) {
 	if err := c.KillContainer(ctx, "web", syscall.SIGKILL, false); !errdefs.IsNotFound(err) {
 		t.Fatalf("kill stopped: %v", err)
 	}
-	if err := c.DeleteContainer(ctx, "web"); err != nil {
-		t.Fatal(err)
+	// Flushing, then deleting, a stopped container reports its layer
+	// changed (a directory root has no write count).
+	if changed, err := c.FlushContainer(ctx, "web"); err != nil || !changed {
+		t.Fatalf("flush: %v %v", changed, err)
+	}
+	if changed, err := c.DeleteContainer(ctx, "web"); err != nil || !changed {
+		t.Fatalf("delete: %v %v", changed, err)
+	}
+	if _, err := c.FlushContainer(ctx, "web"); !errdefs.IsNotFound(err) {
+		t.Fatalf("flush after delete: %v", err)
 	}
 	if _, err := c.ContainerStats(ctx, "web"); !errdefs.IsNotFound(err) {
 		t.Fatalf("stats after delete: %v", err)
@@ -159,7 +167,7 @@ func TestClientContainerTerminal(t *testing.T) {
 	if st, err := init.Wait(ctx); err != nil || st.Code != 0 || !strings.Contains(out.String(), "33 77") {
 		t.Fatalf("terminal: %+v %v %q", st, err, out.String())
 	}
-	if err := c.DeleteContainer(ctx, "tty"); err != nil {
+	if _, err := c.DeleteContainer(ctx, "tty"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -216,7 +224,7 @@ func TestClientOOMEvent(t *testing.T) {
 	if _, err := c.NextEvent(cctx); err == nil {
 		t.Fatal("poll without events returned nothing")
 	}
-	if err := c.DeleteContainer(ctx, "hog"); err != nil {
+	if _, err := c.DeleteContainer(ctx, "hog"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -34,6 +34,9 @@ type Rootfs struct {
 	// and the cache keeps Layers for as long as it exists or until
 	// Release.
 	Dir string
+	// Upper is the host's overlay upperdir Scratch was seeded from, where
+	// CopyBack puts the container's writes; empty when there is none.
+	Upper string
 }
 
 // ReadOnly reports whether the root has no writable layer.

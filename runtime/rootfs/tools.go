@@ -25,6 +25,7 @@ var (
 	toolMkfsErofs = tool{name: "mkfs.erofs", pkg: "erofs-utils"}
 	toolMkfsExt4  = tool{name: "mkfs.ext4", pkg: "e2fsprogs"}
 	toolCp        = tool{name: "cp", pkg: "coreutils"}
+	toolMount     = tool{name: "mount", pkg: "mount"}
 )
 
 // toolDirs are searched after PATH: containerd may start shims with a PATH

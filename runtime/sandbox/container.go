@@ -46,6 +46,9 @@ type RootfsCache interface {
 	Prepare(ctx context.Context, mounts []rootfs.Mount, dir string, opts ...rootfs.PrepareOpt) (rootfs.Rootfs, error)
 	// Release gives back what Prepare made, once the VM no longer uses it.
 	Release(ctx context.Context, r rootfs.Rootfs) error
+	// CopyBack puts what the container wrote on its scratch disk into the
+	// host's upperdir, once the VM no longer uses the disk.
+	CopyBack(ctx context.Context, r rootfs.Rootfs) error
 }
 
 var _ RootfsCache = (*rootfs.Cache)(nil)
@@ -121,6 +124,10 @@ type container struct {
 	rootfs rootfs.Rootfs
 	// disks are the ids of the attached disks, in attach order.
 	disks []string
+	// changed is set when the guest said the container's writable layer
+	// changed (DeleteContainer, FlushContainer): its release copies the
+	// layer back into the host's upperdir.
+	changed bool
 }
 
 // processID returns a new short guest process id: the agent's ids are
@@ -264,7 +271,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		// A create the guest finished after ctx gave up must not keep
 		// mounts on disks about to be detached.
 		dctx, cancel := context.WithTimeout(cleanupCtx, guestUndoTimeout)
-		if derr := s.agent.DeleteContainer(dctx, c.ID); derr != nil && !errdefs.IsNotFound(derr) {
+		if _, derr := s.agent.DeleteContainer(dctx, c.ID); derr != nil && !errdefs.IsNotFound(derr) {
 			log.G(ctx).WithError(derr).Warn("undo container create in the guest")
 		}
 		cancel()
@@ -309,6 +316,15 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
+	}
+	if s.rootfs != nil && ct.changed {
+		if err := s.rootfs.CopyBack(ctx, ct.rootfs); err != nil {
+			// The rootfs is kept for a retry: the writes are on its
+			// scratch disk.
+			return err
+		}
+		ct.changed = false
+		log.G(ctx).WithField("container", ct.id).WithField("upperdir", ct.rootfs.Upper).Debug("writable layer copied back")
 	}
 	if s.rootfs != nil && (len(ct.rootfs.Layers) > 0 || ct.rootfs.Scratch != "") {
 		if err := s.rootfs.Release(ctx, ct.rootfs); err != nil {
@@ -393,7 +409,8 @@ func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Sign
 }
 
 // DeleteContainer deletes a created or stopped container in the guest,
-// then detaches its disks and releases its rootfs.
+// then detaches its disks, copies its writable layer back into the host's
+// upperdir if it changed, and releases its rootfs.
 func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 	ct, leave, err := s.enter(id)
 	if err != nil {
@@ -404,7 +421,11 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer func() { _ = s.containers.setBusy(ct, false) }()
-	if err := s.agent.DeleteContainer(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+	changed, err := s.agent.DeleteContainer(ctx, id)
+	switch {
+	case err == nil:
+		ct.changed = ct.changed || changed
+	case !errdefs.IsNotFound(err):
 		return err
 	}
 	attacher, _ := s.vm.(hypervisor.DiskAttacher)
@@ -413,6 +434,28 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 	}
 	s.containers.remove(ct)
 	log.G(ctx).WithField("container", id).Info("container deleted")
+	return nil
+}
+
+// FlushContainer has the guest write a stopped container's writable layer
+// to its disk, for a VM that is stopped next: Stop then copies the layer
+// back into the host's upperdir if it changed, and releases the rootfs,
+// without the guest unmounting anything or the disks being detached.
+func (s *Sandbox) FlushContainer(ctx context.Context, id string) error {
+	ct, leave, err := s.enter(id)
+	if err != nil {
+		return err
+	}
+	defer leave()
+	if err := s.containers.setBusy(ct, true); err != nil {
+		return err
+	}
+	defer func() { _ = s.containers.setBusy(ct, false) }()
+	changed, err := s.agent.FlushContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	ct.changed = ct.changed || changed
 	return nil
 }
 

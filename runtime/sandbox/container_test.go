@@ -94,8 +94,10 @@ var _ hypervisor.DiskAttacher = (*diskVM)(nil)
 
 // fakeCache stands in for the layer cache: one layer and a scratch file.
 type fakeCache struct {
-	mu       sync.Mutex // guards released
+	mu       sync.Mutex // guards released and copied
 	released []string
+	// copied are the containers whose layer was copied back.
+	copied []string
 }
 
 func (c *fakeCache) Prepare(ctx context.Context, mounts []rootfs.Mount, dir string, _ ...rootfs.PrepareOpt) (rootfs.Rootfs, error) {
@@ -111,6 +113,22 @@ func (c *fakeCache) Release(ctx context.Context, r rootfs.Rootfs) error {
 	defer c.mu.Unlock()
 	c.released = append(c.released, filepath.Base(r.Dir))
 	return os.Remove(r.Scratch)
+}
+
+func (c *fakeCache) CopyBack(ctx context.Context, r rootfs.Rootfs) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := os.Stat(r.Scratch); err != nil {
+		return err // released before it was copied back
+	}
+	c.copied = append(c.copied, filepath.Base(r.Dir))
+	return nil
+}
+
+func (c *fakeCache) copiedDirs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.copied...)
 }
 
 func (c *fakeCache) releasedDirs() []string {
@@ -254,6 +272,11 @@ func TestSandboxContainer(t *testing.T) {
 	if got := cache.releasedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
 		t.Fatalf("released %q", got)
 	}
+	// The guest reported the writable layer changed (a directory root
+	// always does): it went back to the host before the release.
+	if got := cache.copiedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
+		t.Fatalf("copied back %q, want web's layer", got)
+	}
 	if _, err := os.Stat(filepath.Join(s.containersDir, "web")); !os.IsNotExist(err) {
 		t.Fatalf("container dir left: %v", err)
 	}
@@ -265,6 +288,47 @@ func TestSandboxContainer(t *testing.T) {
 		if !errdefs.IsNotFound(err) {
 			t.Errorf("%s after delete: %v", name, err)
 		}
+	}
+}
+
+// TestSandboxFlushThenStop: a stopped container flushed before its VM
+// stops is not deleted in the guest and its disks are not detached; Stop
+// copies its changed layer back and releases its rootfs. A running
+// container cannot be flushed.
+func TestSandboxFlushThenStop(t *testing.T) {
+	s, vm, cache := containerSandbox(t, guestagent.Config{})
+	ctx := context.Background()
+	init, err := s.CreateContainer(ctx, ContainerSpec{ID: "web", Spec: hostSpec(false, "sleep", "60")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartContainer(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FlushContainer(ctx, "web"); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("flush of a running container: %v", err)
+	}
+	if err := s.KillContainer(ctx, "web", syscall.SIGKILL, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := init.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FlushContainer(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	vm.take()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := vm.take(); len(got) != 0 {
+		t.Errorf("stop detached disks: %q", got)
+	}
+	if got := cache.copiedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
+		t.Errorf("copied back %q, want web's layer", got)
+	}
+	if got := cache.releasedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
+		t.Errorf("released %q", got)
 	}
 }
 

@@ -19,7 +19,7 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 		return nil, err
 	}
 	clock := startClock(t.sb)
-	exit, vm, last, err := s.commitLastDelete(t)
+	exit, vm, last, err := s.commitLastDelete(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -47,26 +47,49 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 // commitLastDelete commits the delete of the sandbox's last container at
 // once, when its processes have all exited and no other container is
 // being created: the VM it returns is stopped next, and the container,
-// its disks and anything left in the guest go with it. Removing the
-// container from the guest first (the runtime's delete, unmounts and disk
-// unplugs) would take a third of a second under TCG for a guest that is
-// about to end. last is false, and nothing is done, in every other case.
-func (s *Service) commitLastDelete(t target) (exitStatus, *vmSlot, bool, error) {
-	if t.p.execID != "" {
+// its disks and anything left in the guest go with it. The guest only
+// writes the container's writable layer out first, for the sandbox to
+// copy it back to the host. Removing the container from the guest (the
+// runtime's delete, unmounts and disk unplugs) would take a third of a
+// second under TCG for a guest that is about to end. last is false, and
+// nothing is done but the flush, in every other case.
+func (s *Service) commitLastDelete(ctx context.Context, t target) (exitStatus, *vmSlot, bool, error) {
+	if t.p.execID != "" || t.sb == nil {
+		return exitStatus{}, nil, false, nil
+	}
+	s.mu.Lock()
+	last := s.lastLocked(t)
+	s.mu.Unlock()
+	if !last {
+		return exitStatus{}, nil, false, nil
+	}
+	if err := t.sb.FlushContainer(ctx, t.c.id); err != nil {
+		// The full delete then says what is wrong, or copes.
+		logger(ctx, t.c.id, "").WithError(err).Warn("flush the container before its VM stops")
 		return exitStatus{}, nil, false, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.containers) != 1 || len(s.reserved) != 0 || t.p.state != stateStopped {
+	if !s.lastLocked(t) {
 		return exitStatus{}, nil, false, nil
-	}
-	for _, e := range t.c.execs {
-		if e.state != stateStopped {
-			return exitStatus{}, nil, false, nil
-		}
 	}
 	exit, vm, err := s.commitDeleteLocked(t)
 	return exit, vm, true, err
+}
+
+// lastLocked reports whether t's container is the sandbox's last, with
+// all its processes exited and no other container being created. Callers
+// hold s.mu.
+func (s *Service) lastLocked(t target) bool {
+	if len(s.containers) != 1 || len(s.reserved) != 0 || t.p.state != stateStopped {
+		return false
+	}
+	for _, e := range t.c.execs {
+		if e.state != stateStopped {
+			return false
+		}
+	}
+	return true
 }
 
 // deleteContainer removes the container from the guest. One that never

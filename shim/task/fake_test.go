@@ -173,6 +173,11 @@ func (s *fakeSandbox) DeleteContainer(ctx context.Context, id string) error {
 	return nil
 }
 
+func (s *fakeSandbox) FlushContainer(ctx context.Context, id string) error {
+	s.record("flush %s", id)
+	return nil
+}
+
 func (s *fakeSandbox) PauseContainer(ctx context.Context, id string) error {
 	s.record("pause %s", id)
 	return nil

@@ -57,6 +57,10 @@ type Sandbox interface {
 	// DeleteContainer removes a container (killing it if it still runs)
 	// and its rootfs from the guest.
 	DeleteContainer(ctx context.Context, id string) error
+	// FlushContainer writes a stopped container's writable layer to its
+	// disk, for a VM that is stopped next, which then takes the container
+	// and its rootfs with it.
+	FlushContainer(ctx context.Context, id string) error
 	// PauseContainer freezes every process of a container.
 	PauseContainer(ctx context.Context, id string) error
 	// ResumeContainer thaws a paused container.

@@ -589,9 +589,9 @@ func TestCreateRefusesHostNamespacesBeforeBooting(t *testing.T) {
 }
 
 // TestDeleteLastContainer: deleting a pod's other container removes it
-// from the guest; deleting the last one, exited, stops the VM without a
-// guest delete first, and one never started is still deleted in the
-// guest, which is what kills it.
+// from the guest; deleting the last one, exited, only flushes it and stops
+// the VM, and one never started is still deleted in the guest, which is
+// what kills it.
 func TestDeleteLastContainer(t *testing.T) {
 	ts := newTestService(t)
 	ctx := context.Background()
@@ -624,8 +624,8 @@ func TestDeleteLastContainer(t *testing.T) {
 	if d.ExitStatus != 137 {
 		t.Errorf("delete = %v", d)
 	}
-	if contains(sb.callLog(), "delete pause") || !sb.isStopped() {
-		t.Errorf("calls = %v, stopped = %v; want no guest delete of the last container and the VM stopped", sb.callLog(), sb.isStopped())
+	if contains(sb.callLog(), "delete pause") || !contains(sb.callLog(), "flush pause") || !sb.isStopped() {
+		t.Errorf("calls = %v, stopped = %v; want the last container flushed, not deleted in the guest, and the VM stopped", sb.callLog(), sb.isStopped())
 	}
 	if got := ts.events.topics(); got[len(got)-1] != TopicDelete {
 		t.Errorf("events = %v, want the delete last", got)

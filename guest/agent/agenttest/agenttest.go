@@ -120,13 +120,18 @@ func Config(t testing.TB, cfg agent.Config) agent.Config {
 // a busybox root directory in the container's directory.
 type DirRootfs struct{}
 
-// Assemble makes dir/rootfs.
-func (DirRootfs) Assemble(ctx context.Context, dir string, _ *api.Rootfs) (string, func(context.Context) error, error) {
+// Assemble makes dir/rootfs. It keeps no count of writes, so that, like a
+// scratch disk without one, it always reports its layer changed.
+func (DirRootfs) Assemble(ctx context.Context, dir string, _ *api.Rootfs) (*agent.Mounted, error) {
 	root := filepath.Join(dir, "rootfs")
 	if err := MakeBusyboxRoot(root); err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	return root, func(context.Context) error { return nil }, nil
+	return &agent.Mounted{
+		Root:    root,
+		Release: func(context.Context) error { return nil },
+		Changed: func() (bool, error) { return true, nil },
+	}, nil
 }
 
 // MakeBusyboxRoot fills root with busybox and the directories a
