@@ -353,6 +353,23 @@ func (s *Sandbox) enter(id string) (*container, func(), error) {
 	return ct, leave, nil
 }
 
+// enterBusy is enter, with the container marked busy until done: no other
+// delete or flush, and Stop leaves it to this call.
+func (s *Sandbox) enterBusy(id string) (_ *container, done func(), _ error) {
+	ct, leave, err := s.enter(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.containers.setBusy(ct, true); err != nil {
+		leave()
+		return nil, nil, err
+	}
+	return ct, func() {
+		_ = s.containers.setBusy(ct, false)
+		leave()
+	}, nil
+}
+
 // StartContainer starts the container's init.
 func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
 	_, leave, err := s.enter(id)
@@ -412,15 +429,11 @@ func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Sign
 // then detaches its disks, copies its writable layer back into the host's
 // upperdir if it changed, and releases its rootfs.
 func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
-	ct, leave, err := s.enter(id)
+	ct, done, err := s.enterBusy(id)
 	if err != nil {
 		return err
 	}
-	defer leave()
-	if err := s.containers.setBusy(ct, true); err != nil {
-		return err
-	}
-	defer func() { _ = s.containers.setBusy(ct, false) }()
+	defer done()
 	changed, err := s.agent.DeleteContainer(ctx, id)
 	switch {
 	case err == nil:
@@ -442,15 +455,11 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 // back into the host's upperdir if it changed, and releases the rootfs,
 // without the guest unmounting anything or the disks being detached.
 func (s *Sandbox) FlushContainer(ctx context.Context, id string) error {
-	ct, leave, err := s.enter(id)
+	ct, done, err := s.enterBusy(id)
 	if err != nil {
 		return err
 	}
-	defer leave()
-	if err := s.containers.setBusy(ct, true); err != nil {
-		return err
-	}
-	defer func() { _ = s.containers.setBusy(ct, false) }()
+	defer done()
 	changed, err := s.agent.FlushContainer(ctx, id)
 	if err != nil {
 		return err
