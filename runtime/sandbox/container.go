@@ -318,7 +318,10 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 		return errors.Join(errs...)
 	}
 	if s.rootfs != nil && ct.changed {
-		if err := s.rootfs.CopyBack(ctx, ct.rootfs); err != nil {
+		began := time.Now()
+		err := s.rootfs.CopyBack(ctx, ct.rootfs)
+		s.copyBackNanos.Add(int64(time.Since(began)))
+		if err != nil {
 			// The rootfs is kept for a retry: the writes are on its
 			// scratch disk.
 			return err
@@ -352,6 +355,10 @@ func (s *Sandbox) enter(id string) (*container, func(), error) {
 	}
 	return ct, leave, nil
 }
+
+// CopyBackTime is the time spent so far copying containers' writable
+// layers back to the host, which Stop can include.
+func (s *Sandbox) CopyBackTime() time.Duration { return time.Duration(s.copyBackNanos.Load()) }
 
 // enterBusy is enter, with the container marked busy until done: no other
 // delete or flush, and Stop leaves it to this call.

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -110,6 +111,8 @@ type Sandbox struct {
 	containers containers
 	// calls are the container calls in flight (calls.go).
 	calls callGate
+	// copyBackNanos is the time spent copying writable layers back.
+	copyBackNanos atomic.Int64
 }
 
 // Start launches a VM and returns once its agent is ready and the guest

@@ -33,7 +33,16 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 			return nil, err
 		}
 	}
+	copied := time.Duration(0)
+	if t.sb != nil {
+		copied = t.sb.CopyBackTime()
+	}
 	clock.vm = s.release(ctx, t, vm)
+	if t.sb != nil {
+		// The VM's stop copies the last container's layer back: the
+		// shim's own work.
+		clock.vm -= t.sb.CopyBackTime() - copied
+	}
 	if r.ExecID == "" {
 		s.mu.Lock()
 		clock.addLocked(t.c)

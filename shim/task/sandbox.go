@@ -80,6 +80,9 @@ type Sandbox interface {
 	// GuestTime is the time spent so far in calls the guest agent works
 	// on (not those waiting for exits or events).
 	GuestTime() time.Duration
+	// CopyBackTime is the time spent so far copying containers' writable
+	// layers back to the host, which Stop may include.
+	CopyBackTime() time.Duration
 }
 
 // ContainerSpec describes a container to create in the guest.
