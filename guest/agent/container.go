@@ -369,29 +369,32 @@ func (cs *containerSet) unwatchOOM(c *container) {
 }
 
 // parseSpec decodes and checks a container's spec.
-func parseSpec(id string, data []byte) (*specs.Spec, error) {
+func parseSpec(id string, data []byte) (*bundleSpec, error) {
 	if len(data) > MaxSpecSize {
 		return nil, fmt.Errorf("container %s: spec of %d bytes, at most %d: %w", id, len(data), MaxSpecSize, errdefs.ErrInvalidArgument)
 	}
-	var spec specs.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
+	spec, err := decodeBundleSpec(data)
+	if err != nil {
 		return nil, fmt.Errorf("container %s: spec: %w: %v", id, errdefs.ErrInvalidArgument, err)
 	}
-	if spec.Process == nil || len(spec.Process.Args) == 0 {
+	if spec.process == nil || len(spec.Args) == 0 {
 		return nil, fmt.Errorf("container %s: spec has no process to run: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if spec.Linux == nil {
+	if spec.linux == nil {
 		return nil, fmt.Errorf("container %s: spec has no linux section: %w", id, errdefs.ErrInvalidArgument)
 	}
-	path, err := guestCgroupsPath(id, spec.Linux.CgroupsPath)
+	path, err := guestCgroupsPath(id, spec.CgroupsPath)
 	if err != nil {
 		return nil, err
 	}
-	spec.Linux.CgroupsPath = path
-	if err := downlevelSpec(id, &spec); err != nil {
+	spec.CgroupsPath = path
+	if err := spec.downlevel(id); err != nil {
 		return nil, err
 	}
-	return &spec, nil
+	if _, err := spec.readOnlyRoot(); err != nil {
+		return nil, fmt.Errorf("container %s: spec: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
+	return spec, nil
 }
 
 // guestCgroupsPath is where the container's cgroup goes: the spec's
@@ -407,19 +410,30 @@ func guestCgroupsPath(id, p string) (string, error) {
 	return p, nil
 }
 
+// execProcess is what the agent reads of an exec's OCI process; the
+// runtime gets the process as the host sent it.
+type execProcess struct {
+	Terminal bool     `json:"terminal"`
+	Args     []string `json:"args"`
+}
+
 // parseProcess decodes and checks an exec's process.
-func parseProcess(id string, data []byte) (*specs.Process, error) {
+func parseProcess(id string, data []byte) (*execProcess, error) {
 	if len(data) > MaxProcessSize {
 		return nil, fmt.Errorf("process %s: %d bytes, at most %d: %w", id, len(data), MaxProcessSize, errdefs.ErrInvalidArgument)
 	}
-	var p specs.Process
+	var raw rawObject
+	var p execProcess
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("process %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
 	if err := json.Unmarshal(data, &p); err != nil {
 		return nil, fmt.Errorf("process %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
 	}
 	if len(p.Args) == 0 {
 		return nil, fmt.Errorf("process %s: no program to run: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if extra := processAdditions(&p); len(extra) > 0 {
+	if extra := processAdditions(raw); len(extra) > 0 {
 		return nil, fmt.Errorf("process %s: the guest's OCI runtime reads runtime-spec %s, without %s: %w",
 			id, runtimeSpecVersion, strings.Join(extra, ", "), errdefs.ErrNotImplemented)
 	}
@@ -458,7 +472,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	if err != nil {
 		return nil, err
 	}
-	terminal := spec.Process.Terminal
+	terminal := spec.Terminal
 	if terminal && req.Stderr {
 		return nil, fmt.Errorf("container %s: a terminal has no separate stderr stream: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -520,9 +534,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 			log.G(ctx).WithError(err).Warn("unmount rootfs")
 		}
 	})
-	readonly := spec.Root != nil && spec.Root.Readonly
-	spec.Root = &specs.Root{Path: root, Readonly: readonly}
-	config, err := json.Marshal(spec)
+	config, err := spec.marshal(root)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
 	}
@@ -559,7 +571,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	c := &container{
 		id:     id,
 		dir:    dir,
-		cgroup: filepath.Join(cs.cgroupRoot, spec.Linux.CgroupsPath),
+		cgroup: filepath.Join(cs.cgroupRoot, spec.CgroupsPath),
 		rootfs: mounted,
 		state:  stateCreated,
 	}
@@ -664,11 +676,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) 
 	pidFile := filepath.Join(c.dir, "exec-"+req.ProcessId+".pid")
 	defer os.Remove(processFile)
 	defer os.Remove(pidFile)
-	data, err := json.Marshal(proc)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(processFile, data, 0o600); err != nil {
+	if err := os.WriteFile(processFile, req.Process, 0o600); err != nil {
 		return nil, fmt.Errorf("process %s: %w", req.ProcessId, err)
 	}
 	adoption := s.cfg.Reaper.Expect()
