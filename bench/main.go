@@ -151,7 +151,7 @@ func ctrdResults(f ctrdFigures, bootReady float64) []Result {
 		{Name: "  beyond vm boot (start - boot: guest, shim, containerd)", Unit: "ms", Median: overhead[0], Samples: overhead},
 		{Name: "  start - runc start - vm boot", Unit: "ms", Median: beyondRunc[0], Samples: beyondRunc},
 		timingResult("  the shim's own host work (its calls - vm - guest)", f.startTimings, func(t startTiming) float64 { return t.shim }, "<= 50 ms"),
-		timingResult("  guest agent calls (create, start: crun in the guest)", f.startTimings, func(t startTiming) float64 { return t.guest }, ""),
+		timingResult("  guest agent calls (create, start, flush: crun in the guest)", f.startTimings, func(t startTiming) float64 { return t.guest }, ""),
 		timingResult("  vm boot and stop inside the shim's calls", f.startTimings, func(t startTiming) float64 { return t.vm }, ""),
 		pair("ctr task exec true (exec)", "ms", f.exec, ""),
 		pair("stdout throughput, 100 MiB via ctr (dd, 64 KiB writes)", "MB/s", f.stdout, ">= 100 MB/s"),
