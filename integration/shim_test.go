@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonrt/cocoon/guest/agent/agenttest"
 	"github.com/cocoonrt/cocoon/integration/harness"
 	"github.com/cocoonrt/cocoon/runtime/image"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -706,4 +707,34 @@ func killAndRemove(t *testing.T, c *harness.Containerd, ids ...string) {
 		c.MustCtr("container", "rm", id)
 	}
 	c.WaitNoShim(t)
+}
+
+// TestShimRootfsDir runs a container on a root directory of the host's,
+// not a snapshot (`ctr run --rootfs`, which sets an absolute root.path and
+// no PATH): the directory is the container's root, read through a layer
+// image, and what the container writes stays in its VM; the directory is
+// never modified.
+func TestShimRootfsDir(t *testing.T) {
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			c, _, _ := shimContainerd(t, v)
+			removeAtEnd(t, c, "dirroot")
+			dir := filepath.Join(t.TempDir(), "root")
+			if err := agenttest.MakeBusyboxRoot(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("from the host\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, "--rootfs", dir, "dirroot",
+				"/bin/sh", "-c", "cat /hello; echo x > /written; cat /written")
+			if err != nil || out != "from the host\nx\n" {
+				t.Fatalf("ctr run --rootfs: %q, %v", out, err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "written")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the container's write reached the host directory: %v", err)
+			}
+			c.WaitNoShim(t)
+		})
+	}
 }

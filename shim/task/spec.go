@@ -67,14 +67,25 @@ func decodeJSONAny(a *anypb.Any, url string, v any) error {
 }
 
 // rootfsMounts turns containerd's rootfs mounts into the sandbox's. With
-// none, the bundle's rootfs directory is the root (ctr run --rootfs).
+// none, the spec's root directory is the root, as runc takes it: root.path,
+// relative to the bundle unless absolute (ctr run --rootfs gives an
+// absolute one; a bundle made by hand has rootfs/).
 func rootfsMounts(bundle string, ms []*types.Mount, spec *specs.Spec) []rootfs.Mount {
 	if len(ms) == 0 {
 		opts := []string{"rbind", "rw"}
-		if spec.Root != nil && spec.Root.Readonly {
-			opts[1] = "ro"
+		dir := "rootfs"
+		if spec.Root != nil {
+			if spec.Root.Readonly {
+				opts[1] = "ro"
+			}
+			if spec.Root.Path != "" {
+				dir = spec.Root.Path
+			}
 		}
-		return []rootfs.Mount{{Type: "bind", Source: filepath.Join(bundle, "rootfs"), Options: opts}}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(bundle, dir)
+		}
+		return []rootfs.Mount{{Type: "bind", Source: dir, Options: opts}}
 	}
 	out := make([]rootfs.Mount, 0, len(ms))
 	for _, m := range ms {
