@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,7 +25,6 @@ import (
 
 // Bounds on what a runtime call returns to the agent.
 const (
-	maxOCIOutput = 1 << 20
 	maxOCIStderr = 64 << 10
 	// ociLogTail is how much of a call's log is searched for its error.
 	ociLogTail = 64 << 10
@@ -66,8 +64,8 @@ type ociCall struct {
 	// logDir receives the call's log file (removed afterwards).
 	logDir string
 	// stdio, if set, are the runtime's fds 0-2, which it hands on to the
-	// container process it starts. Otherwise stdin is /dev/null and
-	// stdout and stderr are captured.
+	// container process it starts. Otherwise stdin and stdout are
+	// /dev/null, and stderr is kept for the error message.
 	stdio *[3]*os.File
 }
 
@@ -90,27 +88,25 @@ func (e *ociError) Error() string {
 
 func (e *ociError) Unwrap() error { return e.err }
 
-// run runs one runtime command and returns its stdout (when captured). A
-// cancelled ctx kills the runtime.
-func (r *ociRuntime) run(ctx context.Context, c ociCall) (_ []byte, retErr error) {
+// run runs one runtime command. A cancelled ctx kills the runtime.
+func (r *ociRuntime) run(ctx context.Context, c ociCall) error {
 	cmd := filepath.Base(r.path) + " " + c.args[0]
 	logPath := filepath.Join(c.logDir, fmt.Sprintf("oci-%d.log", r.seq.Add(1)))
 	defer os.Remove(logPath)
 	argv := append([]string{r.path, "--root", r.root, "--log", logPath, "--log-format", "json"}, c.args...)
 
 	var (
-		files   [3]*os.File
-		ours    []*os.File // the child's ends, closed once it runs
-		outputs []*os.File // our read ends
-		stdout  bytes.Buffer
-		stderr  bytes.Buffer
+		files  [3]*os.File
+		ours   []*os.File // the child's ends, closed once it runs
+		errOut *os.File   // our read end of its stderr
+		stderr bytes.Buffer
 	)
 	defer func() {
 		for _, f := range ours {
 			_ = f.Close()
 		}
-		for _, f := range outputs {
-			_ = f.Close()
+		if errOut != nil {
+			_ = errOut.Close()
 		}
 	}()
 	if c.stdio != nil {
@@ -118,19 +114,16 @@ func (r *ociRuntime) run(ctx context.Context, c ociCall) (_ []byte, retErr error
 	} else {
 		null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ours = append(ours, null)
-		files[0] = null
-		for i := 1; i <= 2; i++ {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				return nil, fmt.Errorf("%s: output pipe: %w", cmd, err)
-			}
-			ours = append(ours, pw)
-			outputs = append(outputs, pr)
-			files[i] = pw
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			_ = null.Close()
+			return fmt.Errorf("%s: stderr pipe: %w", cmd, err)
 		}
+		ours = append(ours, null, pw)
+		errOut = pr
+		files = [3]*os.File{null, null, pw}
 	}
 	fds := make([]uintptr, 3)
 	for i, f := range files {
@@ -144,42 +137,39 @@ func (r *ociRuntime) run(ctx context.Context, c ociCall) (_ []byte, retErr error
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", cmd, execError(r.path, err))
+		return fmt.Errorf("%s: %w", cmd, execError(r.path, err))
 	}
 	for _, f := range ours {
 		_ = f.Close()
 	}
 	ours = nil
 
-	var copying sync.WaitGroup
-	for i, f := range outputs {
-		buf, limit := &stdout, int64(maxOCIOutput)
-		if i == 1 {
-			buf, limit = &stderr, maxOCIStderr
-		}
-		copying.Add(1)
+	copied := make(chan struct{})
+	if errOut != nil {
 		go func() {
-			defer copying.Done()
-			_, _ = io.Copy(buf, io.LimitReader(f, limit))
+			defer close(copied)
+			_, _ = io.Copy(&stderr, io.LimitReader(errOut, maxOCIStderr))
 			// Drain the rest so the runtime never blocks on a full pipe.
-			_, _ = io.Copy(io.Discard, f)
+			_, _ = io.Copy(io.Discard, errOut)
 		}()
+	} else {
+		close(copied)
+	}
+	drain := func(within time.Duration) {
+		if errOut != nil {
+			_ = errOut.SetReadDeadline(time.Now().Add(within))
+		}
+		<-copied
 	}
 	select {
 	case <-child.Done():
 	case <-ctx.Done():
 		_ = child.Signal(unix.SIGKILL, false)
 		<-child.Done()
-		for _, f := range outputs {
-			_ = f.SetReadDeadline(time.Now())
-		}
-		copying.Wait()
-		return nil, fmt.Errorf("%s: %w", cmd, ctx.Err())
+		drain(0)
+		return fmt.Errorf("%s: %w", cmd, ctx.Err())
 	}
-	for _, f := range outputs {
-		_ = f.SetReadDeadline(time.Now().Add(ociPipeDrain))
-	}
-	copying.Wait()
+	drain(ociPipeDrain)
 
 	exit := child.Exit()
 	if exit.Status() != 0 {
@@ -187,9 +177,9 @@ func (r *ociRuntime) run(ctx context.Context, c ociCall) (_ []byte, retErr error
 		if msg == "" {
 			msg = strings.TrimSpace(stderr.String())
 		}
-		return nil, &ociError{cmd: cmd, msg: msg, err: fmt.Errorf("exit status %d", exit.Status())}
+		return &ociError{cmd: cmd, msg: msg, err: fmt.Errorf("exit status %d", exit.Status())}
 	}
-	return stdout.Bytes(), nil
+	return nil
 }
 
 // lastOCIError returns the last error the runtime logged (JSON log
@@ -234,14 +224,12 @@ func (r *ociRuntime) create(ctx context.Context, id, bundle, pidFile, consoleSoc
 	if r.noPivot {
 		args = append(args, "--no-pivot")
 	}
-	_, err := r.run(ctx, ociCall{args: append(args, id), logDir: bundle, stdio: &stdio})
-	return err
+	return r.run(ctx, ociCall{args: append(args, id), logDir: bundle, stdio: &stdio})
 }
 
 // start runs `start`: the init process execs the entrypoint.
 func (r *ociRuntime) start(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, ociCall{args: []string{"start", id}, logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: []string{"start", id}, logDir: dir})
 }
 
 // exec runs `exec --detach` with the OCI process in processFile.
@@ -250,8 +238,7 @@ func (r *ociRuntime) exec(ctx context.Context, id, dir, processFile, pidFile, co
 	if consoleSocket != "" {
 		args = append(args, "--console-socket", consoleSocket)
 	}
-	_, err := r.run(ctx, ociCall{args: append(args, id), logDir: dir, stdio: &stdio})
-	return err
+	return r.run(ctx, ociCall{args: append(args, id), logDir: dir, stdio: &stdio})
 }
 
 // kill runs `kill`, with all for every process of the container.
@@ -260,27 +247,23 @@ func (r *ociRuntime) kill(ctx context.Context, id, dir string, sig unix.Signal, 
 	if all {
 		args = append(args, "--all")
 	}
-	_, err := r.run(ctx, ociCall{args: append(args, id, strconv.Itoa(int(sig))), logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: append(args, id, strconv.Itoa(int(sig))), logDir: dir})
 }
 
 // delete runs `delete --force`: the agent has checked the state already,
 // and force also covers a container the runtime has half forgotten.
 func (r *ociRuntime) delete(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, ociCall{args: []string{"delete", "--force", id}, logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: []string{"delete", "--force", id}, logDir: dir})
 }
 
 // pause runs `pause`.
 func (r *ociRuntime) pause(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, ociCall{args: []string{"pause", id}, logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: []string{"pause", id}, logDir: dir})
 }
 
 // resume runs `resume`.
 func (r *ociRuntime) resume(ctx context.Context, id, dir string) error {
-	_, err := r.run(ctx, ociCall{args: []string{"resume", id}, logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: []string{"resume", id}, logDir: dir})
 }
 
 // update runs `update` with OCI LinuxResources JSON, passed in a file in
@@ -298,8 +281,7 @@ func (r *ociRuntime) update(ctx context.Context, id, dir string, resources []byt
 	if err != nil {
 		return fmt.Errorf("%s update: %w", filepath.Base(r.path), err)
 	}
-	_, err = r.run(ctx, ociCall{args: []string{"update", "--resources", f.Name(), id}, logDir: dir})
-	return err
+	return r.run(ctx, ociCall{args: []string{"update", "--resources", f.Name(), id}, logDir: dir})
 }
 
 // readPidFile reads the pid the runtime wrote.
