@@ -712,8 +712,8 @@ func killAndRemove(t *testing.T, c *harness.Containerd, ids ...string) {
 // TestShimRootfsDir runs a container on a root directory of the host's,
 // not a snapshot (`ctr run --rootfs`, which sets an absolute root.path and
 // no PATH): the directory is the container's root, read through a layer
-// image, and what the container writes stays in its VM; the directory is
-// never modified.
+// image, and what the container wrote is applied to the directory when its
+// task is deleted, as if it had written there directly, as with runc.
 func TestShimRootfsDir(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
@@ -723,16 +723,24 @@ func TestShimRootfsDir(t *testing.T) {
 			if err := agenttest.MakeBusyboxRoot(dir); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte("from the host\n"), 0o644); err != nil {
-				t.Fatal(err)
+			for name, content := range map[string]string{"hello": "from the host\n", "gone": "deleted by the container\n"} {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 			out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, "--rootfs", dir, "dirroot",
-				"/bin/sh", "-c", "cat /hello; echo x > /written; cat /written")
+				"/bin/sh", "-c", "cat /hello; echo x > /written; rm /gone; cat /written")
 			if err != nil || out != "from the host\nx\n" {
 				t.Fatalf("ctr run --rootfs: %q, %v", out, err)
 			}
-			if _, err := os.Stat(filepath.Join(dir, "written")); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("the container's write reached the host directory: %v", err)
+			if b, err := os.ReadFile(filepath.Join(dir, "written")); err != nil || string(b) != "x\n" {
+				t.Errorf("the container's write is not in the host directory: %q, %v", b, err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "gone")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the file the container deleted is still in the host directory: %v", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "hello")); err != nil || string(b) != "from the host\n" {
+				t.Errorf("hello = %q, %v", b, err)
 			}
 			c.WaitNoShim(t)
 		})

@@ -165,7 +165,7 @@ func (c *Cache) Prepare(ctx context.Context, mounts []Mount, dir string, opts ..
 	r := Rootfs{Dir: dir}
 	if !p.readOnly {
 		r.Scratch = filepath.Join(dir, ScratchFile)
-		r.Upper = p.upper
+		r.Upper, r.Bind = p.upper, p.rootFrom
 		if _, err := os.Lstat(r.Scratch); err == nil {
 			return Rootfs{}, fmt.Errorf("%w: %s already exists; Release the container's rootfs first", errdefs.ErrAlreadyExists, r.Scratch)
 		}

@@ -17,21 +17,27 @@ const (
 	copyBackOld = ".cocoon-old"
 )
 
-// CopyBack makes the overlay upperdir that r's scratch disk was seeded
-// from hold what the disk's upper/ holds now: what the container wrote,
-// its whiteouts and opaque directories, in overlayfs' own format, which is
-// the format of the host's upperdir too. Then a stopped container started
-// again on the same snapshot (docker start, nerdctl start) finds its
-// writes, and a commit or diff of the snapshot sees them, as with runc.
+// CopyBack puts what a container wrote on its scratch disk back where it
+// would have gone had the container written to the host directly, as
+// runc's containers do:
 //
-// The disk must no longer be in use: its VM has unmounted it, or has
-// synced it and ended. It is loop-mounted read-only under r.Dir; upper/
-// is copied (cp -a) next to the upperdir, which is then swapped in by two
-// renames, so that a failed copy leaves the upperdir as it was. Without an
-// upperdir (a read-only root, a writable bind directory) there is nothing
-// to do.
+//   - For a root on a snapshot, the overlay upperdir that the disk was
+//     seeded from is made to hold what the disk's upper/ holds now: the
+//     writes, whiteouts and opaque directories, in overlayfs' own format,
+//     which is the host upperdir's format too. upper/ is copied (cp -a)
+//     next to the upperdir, which is then swapped in by two renames, so
+//     that a failed copy leaves the upperdir as it was.
+//   - For a writable directory root (ctr run --rootfs), upper/ is applied
+//     onto the directory: whiteouts delete, opaque directories replace,
+//     the rest is written over (applyUpper).
+//
+// Then a stopped container started again on the same root (docker start,
+// nerdctl start) finds its writes, and a commit or diff of the snapshot
+// sees them. The disk must no longer be in use: its VM has unmounted it,
+// or has synced it and ended. It is loop-mounted read-only under r.Dir. A
+// read-only root has nothing to give back.
 func (c *Cache) CopyBack(ctx context.Context, r Rootfs) (retErr error) {
-	if r.Upper == "" || r.Scratch == "" {
+	if r.Scratch == "" || (r.Upper == "" && r.Bind == "") {
 		return nil
 	}
 	mnt, err := os.MkdirTemp(r.Dir, ".scratch-ro-")
@@ -48,24 +54,33 @@ func (c *Cache) CopyBack(ctx context.Context, r Rootfs) (retErr error) {
 			retErr = errors.Join(retErr, fmt.Errorf("copy back: unmount the scratch disk: %w", err))
 		}
 	}()
+	upper := filepath.Join(mnt, ScratchUpperDir)
+	if r.Upper == "" {
+		return applyUpper(ctx, upper, r.Bind)
+	}
+	return replaceUpper(ctx, upper, r.Upper)
+}
 
-	staged, old := r.Upper+copyBackNew, r.Upper+copyBackOld
+// replaceUpper makes the directory upper a copy of from, by a copy next
+// to it and two renames.
+func replaceUpper(ctx context.Context, from, upper string) error {
+	staged, old := upper+copyBackNew, upper+copyBackOld
 	for _, p := range []string{staged, old} {
 		if err := os.RemoveAll(p); err != nil {
 			return fmt.Errorf("copy back: remove leftover %s: %w", p, err)
 		}
 	}
-	if err := toolCp.run(ctx, "-a", "--no-target-directory", filepath.Join(mnt, ScratchUpperDir), staged); err != nil {
+	if err := toolCp.run(ctx, "-a", "--no-target-directory", from, staged); err != nil {
 		os.RemoveAll(staged)
-		return fmt.Errorf("copy back the writable layer into %s: %w", r.Upper, err)
+		return fmt.Errorf("copy back the writable layer into %s: %w", upper, err)
 	}
-	if err := os.Rename(r.Upper, old); err != nil {
+	if err := os.Rename(upper, old); err != nil {
 		os.RemoveAll(staged)
 		return fmt.Errorf("copy back: %w", err)
 	}
-	if err := os.Rename(staged, r.Upper); err != nil {
-		if rerr := os.Rename(old, r.Upper); rerr != nil {
-			log.G(ctx).WithError(rerr).WithField("upperdir", r.Upper).Error("copy back: cannot put the upperdir back")
+	if err := os.Rename(staged, upper); err != nil {
+		if rerr := os.Rename(old, upper); rerr != nil {
+			log.G(ctx).WithError(rerr).WithField("upperdir", upper).Error("copy back: cannot put the upperdir back")
 		}
 		os.RemoveAll(staged)
 		return fmt.Errorf("copy back: %w", err)

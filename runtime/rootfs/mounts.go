@@ -135,8 +135,8 @@ func parseBind(m Mount) (plan, error) {
 	if !p.readOnly {
 		// A writable bind mount: the directory becomes a read-only
 		// layer under a fresh scratch disk, whose upperdir mirrors the
-		// directory's root. Writes stay on the scratch disk; they do
-		// not reach the directory (docs/rootfs.md).
+		// directory's root. CopyBack applies the writes to the
+		// directory afterwards (docs/rootfs.md).
 		p.rootFrom = src
 	}
 	return p, nil

@@ -37,6 +37,10 @@ type Rootfs struct {
 	// Upper is the host's overlay upperdir Scratch was seeded from, where
 	// CopyBack puts the container's writes; empty when there is none.
 	Upper string
+	// Bind is the writable directory a bind root came from (ctr run
+	// --rootfs), onto which CopyBack applies the container's writes;
+	// empty for other roots.
+	Bind string
 }
 
 // ReadOnly reports whether the root has no writable layer.
