@@ -55,7 +55,7 @@ func (t tool) find() (string, error) {
 // mkfs.ext4, cp) are installed, naming the packages of those missing.
 func CheckTools() error {
 	var errs []error
-	for _, t := range []tool{toolMkfsErofs, toolMkfsExt4, toolCp} {
+	for _, t := range []tool{toolMkfsErofs, toolMkfsExt4, toolCp, toolMount} {
 		if _, err := t.find(); err != nil {
 			errs = append(errs, err)
 		}

@@ -322,12 +322,14 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 		err := s.rootfs.CopyBack(ctx, ct.rootfs)
 		s.copyBackNanos.Add(int64(time.Since(began)))
 		if err != nil {
-			// The rootfs is kept for a retry: the writes are on its
-			// scratch disk.
-			return err
+			// Not a reason to keep the container: on a host that cannot
+			// loop-mount the disk it could never be deleted. The writes
+			// are lost, and said so.
+			log.G(ctx).WithError(err).WithField("container", ct.id).Error("the container's writes could not be copied back to the host and are lost")
+		} else {
+			log.G(ctx).WithField("container", ct.id).Debug("writable layer copied back")
 		}
 		ct.changed = false
-		log.G(ctx).WithField("container", ct.id).WithField("upperdir", ct.rootfs.Upper).Debug("writable layer copied back")
 	}
 	if s.rootfs != nil && (len(ct.rootfs.Layers) > 0 || ct.rootfs.Scratch != "") {
 		if err := s.rootfs.Release(ctx, ct.rootfs); err != nil {

@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -94,10 +95,12 @@ var _ hypervisor.DiskAttacher = (*diskVM)(nil)
 
 // fakeCache stands in for the layer cache: one layer and a scratch file.
 type fakeCache struct {
-	mu       sync.Mutex // guards released and copied
+	mu       sync.Mutex // guards released, copied and failCopy
 	released []string
 	// copied are the containers whose layer was copied back.
 	copied []string
+	// failCopy makes CopyBack fail.
+	failCopy bool
 }
 
 func (c *fakeCache) Prepare(ctx context.Context, mounts []rootfs.Mount, dir string, _ ...rootfs.PrepareOpt) (rootfs.Rootfs, error) {
@@ -120,6 +123,9 @@ func (c *fakeCache) CopyBack(ctx context.Context, r rootfs.Rootfs) error {
 	defer c.mu.Unlock()
 	if _, err := os.Stat(r.Scratch); err != nil {
 		return err // released before it was copied back
+	}
+	if c.failCopy {
+		return errors.New("cannot mount the scratch disk")
 	}
 	c.copied = append(c.copied, filepath.Base(r.Dir))
 	return nil
@@ -329,6 +335,25 @@ func TestSandboxFlushThenStop(t *testing.T) {
 	}
 	if got := cache.releasedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
 		t.Errorf("released %q", got)
+	}
+}
+
+// TestSandboxCopyBackFailure: a layer that cannot be copied back does not
+// keep the container: it is deleted and its rootfs released all the same.
+func TestSandboxCopyBackFailure(t *testing.T) {
+	s, _, cache := containerSandbox(t, guestagent.Config{})
+	ctx := context.Background()
+	cache.mu.Lock()
+	cache.failCopy = true
+	cache.mu.Unlock()
+	if _, err := s.CreateContainer(ctx, ContainerSpec{ID: "web", Spec: hostSpec(false, "true")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteContainer(ctx, "web"); err != nil {
+		t.Fatalf("delete with a failing copy back: %v", err)
+	}
+	if got := cache.releasedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
+		t.Fatalf("released %q", got)
 	}
 }
 
