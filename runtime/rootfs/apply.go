@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -168,30 +167,11 @@ func copyContent(src, dst string) error {
 // copyAttrs gives dst the owner, mode, extended attributes (but
 // overlayfs' own) and times of src, whose stat st is.
 func copyAttrs(src, dst string, st *unix.Stat_t) error {
-	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+	if err := chownMod(dst, st); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-		// After chown, which clears set-id bits.
-		if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
-			return fmt.Errorf("chmod %s: %w", dst, err)
-		}
-	}
-	names, err := listXattrs(src)
-	if err != nil {
+	if err := copyXattrs(src, dst, overlayXattrPrefix); err != nil {
 		return err
-	}
-	for _, name := range names {
-		if strings.HasPrefix(name, overlayXattrPrefix) {
-			continue
-		}
-		val, err := getXattr(src, name)
-		if err != nil {
-			return err
-		}
-		if err := unix.Lsetxattr(dst, name, val, 0); err != nil {
-			return fmt.Errorf("set xattr %s on %s: %w", name, dst, err)
-		}
 	}
 	times := []unix.Timespec{st.Atim, st.Mtim}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, times, unix.AT_SYMLINK_NOFOLLOW)

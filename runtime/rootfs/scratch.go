@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -98,23 +99,38 @@ func mkdirLike(path, from string) error {
 	if err := os.Mkdir(path, 0o700); err != nil {
 		return err
 	}
+	if err := chownMod(path, &st); err != nil {
+		return err
+	}
+	return copyXattrs(from, path, "")
+}
+
+// chownMod gives path the owner and mode (set-id bits included) of st.
+func chownMod(path string, st *unix.Stat_t) error {
 	if err := os.Lchown(path, int(st.Uid), int(st.Gid)); err != nil {
 		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return nil
 	}
 	// After chown, which clears set-id bits.
 	if err := unix.Chmod(path, st.Mode&0o7777); err != nil {
 		return fmt.Errorf("chmod %s: %w", path, err)
 	}
-	return copyXattrs(from, path)
+	return nil
 }
 
-// copyXattrs copies the extended attributes of from onto to.
-func copyXattrs(from, to string) error {
+// copyXattrs copies the extended attributes of from onto to, but those
+// whose names start with skip (when not empty).
+func copyXattrs(from, to, skip string) error {
 	names, err := listXattrs(from)
 	if err != nil {
 		return err
 	}
 	for _, name := range names {
+		if skip != "" && strings.HasPrefix(name, skip) {
+			continue
+		}
 		val, err := getXattr(from, name)
 		if err != nil {
 			return err
