@@ -36,6 +36,8 @@ type bundleSpec struct {
 	Args     []string
 	// CgroupsPath is linux.cgroupsPath.
 	CgroupsPath string
+	// ReadonlyRoot is root.readonly.
+	ReadonlyRoot bool
 }
 
 // rawObject is a JSON object whose members are kept as they are.
@@ -86,6 +88,13 @@ func decodeBundleSpec(data []byte) (*bundleSpec, error) {
 	if err := top.get("linux", &s.linux); err != nil {
 		return nil, err
 	}
+	var root struct {
+		Readonly bool `json:"readonly"`
+	}
+	if err := top.get("root", &root); err != nil {
+		return nil, err
+	}
+	s.ReadonlyRoot = root.Readonly
 	if s.process != nil {
 		if err := s.process.get("terminal", &s.Terminal); err != nil {
 			return nil, fmt.Errorf("process.%w", err)
@@ -102,24 +111,11 @@ func decodeBundleSpec(data []byte) (*bundleSpec, error) {
 	return s, nil
 }
 
-// readOnlyRoot reports root.readonly.
-func (s *bundleSpec) readOnlyRoot() (bool, error) {
-	var root struct {
-		Readonly bool `json:"readonly"`
-	}
-	err := rawObject(s.doc).get("root", &root)
-	return root.Readonly, err
-}
-
 // marshal encodes the spec with root.path set to root (readonly as the
 // host asked), and the decoded fields the agent may have changed.
 func (s *bundleSpec) marshal(root string) ([]byte, error) {
-	readonly, err := s.readOnlyRoot()
-	if err != nil {
-		return nil, err
-	}
 	top := rawObject(s.doc)
-	if err := top.set("root", map[string]any{"path": root, "readonly": readonly}); err != nil {
+	if err := top.set("root", map[string]any{"path": root, "readonly": s.ReadonlyRoot}); err != nil {
 		return nil, err
 	}
 	if err := top.set("ociVersion", s.Version); err != nil {

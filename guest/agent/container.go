@@ -391,9 +391,6 @@ func parseSpec(id string, data []byte) (*bundleSpec, error) {
 	if err := spec.downlevel(id); err != nil {
 		return nil, err
 	}
-	if _, err := spec.readOnlyRoot(); err != nil {
-		return nil, fmt.Errorf("container %s: spec: %w: %v", id, errdefs.ErrInvalidArgument, err)
-	}
 	return spec, nil
 }
 
