@@ -49,7 +49,8 @@ type Endpoint struct {
 	CID uint32
 	// Port is the agent's vsock port (Vsock only).
 	Port uint32
-	// SocketPath is the host unix socket of the serial port (Serial only).
+	// SocketPath is the host unix socket of the serial port (Serial
+	// only); it may be longer than a sockaddr_un holds (see DialUnix).
 	SocketPath string
 }
 
@@ -67,8 +68,7 @@ func (e Endpoint) String() string {
 func (e Endpoint) Dial(ctx context.Context) (net.Conn, error) {
 	switch e.Kind {
 	case Serial:
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", e.SocketPath)
+		c, err := DialUnix(ctx, e.SocketPath)
 		if err != nil {
 			return nil, fmt.Errorf("connect agent serial port %s: %w", e.SocketPath, err)
 		}

@@ -3,7 +3,10 @@ package channel
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,5 +88,58 @@ func TestDialVsockGivesUpAtDeadline(t *testing.T) {
 	}
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
 		t.Fatalf("err = %v after %v, want a deadline error soon after 150ms", err, time.Since(start))
+	}
+}
+
+// listenLong listens on a unix socket at path, which may be longer than
+// a sockaddr_un holds, as QEMU does relative to its working directory.
+func listenLong(t *testing.T, path string) net.Listener {
+	t.Helper()
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	l, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// TestDialSerialLongPath: a state dir named after a 76-byte namespace and
+// a 76-byte id puts the agent socket far beyond the 107 bytes of a
+// sockaddr_un; Dial reaches it anyway, and an error names the real path.
+func TestDialSerialLongPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("n", 76), strings.Repeat("i", 76))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "agent.sock")
+	if len(p) <= MaxSocketPath {
+		t.Fatalf("path %s is not long enough to test", p)
+	}
+	l := listenLong(t, p)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	c, err := Endpoint{Kind: Serial, SocketPath: p}.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hi" {
+		t.Fatalf("read %q %v", buf, err)
+	}
+	for _, missing := range []string{p + ".none", filepath.Join(dir+".none", "agent.sock")} {
+		_, err := DialUnix(context.Background(), missing)
+		if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), missing) || strings.Contains(err.Error(), "/proc/self/fd") {
+			t.Errorf("dial %s: %v, want not exist naming the path", missing, err)
+		}
 	}
 }

@@ -69,10 +69,20 @@ type launchParams struct {
 
 func (p launchParams) path(name string) string { return filepath.Join(p.spec.StateDir, name) }
 
-// qmpChardev is QEMU's argument for the QMP socket. Cleanup also looks for
-// it in /proc/<pid>/cmdline to recognize the QEMU of a state dir.
-func qmpChardev(stateDir string) string {
-	return "socket,id=qmp,path=" + optValue(filepath.Join(stateDir, QMPSocketName)) + ",server=on,wait=off"
+// QEMU runs in the state dir (its working directory) and binds its sockets
+// there by name: the state dir's path holds the namespace and the sandbox
+// id, and may be longer than the 107 bytes of a sockaddr_un. The host
+// reaches them with channel.DialUnix.
+const (
+	qmpChardev   = "socket,id=qmp,path=" + QMPSocketName + ",server=on,wait=off"
+	agentChardev = "socket,id=agent,path=" + AgentSocketName + ",server=on,wait=off"
+)
+
+// nameArg is QEMU's -name: the VM is named after its state dir, which
+// makes it unique on the host. Cleanup looks for it in
+// /proc/<pid>/cmdline to recognize the QEMU of a state dir.
+func nameArg(stateDir string) string {
+	return "guest=" + optValue(stateDir)
 }
 
 // commandLine builds QEMU's arguments (without argv[0]).
@@ -110,7 +120,8 @@ func commandLine(p launchParams) []string {
 		// panic into a reset, and so into an exit the host sees.
 		"-no-reboot",
 		"-sandbox", sandboxArg,
-		"-chardev", qmpChardev(s.StateDir),
+		"-name", nameArg(s.StateDir),
+		"-chardev", qmpChardev,
 		"-mon", "chardev=qmp,mode=control",
 		// The serial console goes to QEMU's stdout, a pipe the driver
 		// drains into a ring and console.log. A pipe loses nothing
@@ -136,7 +147,7 @@ func commandLine(p launchParams) []string {
 	default:
 		args = append(args,
 			"-device", "virtio-serial-device",
-			"-chardev", "socket,id=agent,path="+optValue(p.path(AgentSocketName))+",server=on,wait=off",
+			"-chardev", agentChardev,
 			"-device", "virtserialport,chardev=agent,name="+channel.SerialPortName,
 		)
 	}

@@ -39,7 +39,8 @@ func TestCommandLineSerialTCG(t *testing.T) {
 		"-smp", "2",
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-chardev", "socket,id=qmp,path=/run/cocoon/default/sb1/qmp.sock,server=on,wait=off",
+		"-name", "guest=/run/cocoon/default/sb1",
+		"-chardev", "socket,id=qmp,path=qmp.sock,server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
 		"-chardev", "stdio,id=console,signal=off",
 		"-serial", "chardev:console",
@@ -49,7 +50,7 @@ func TestCommandLineSerialTCG(t *testing.T) {
 		"-device", "virtio-rng-device",
 		"-device", "virtio-scsi-device,id=scsi0",
 		"-device", "virtio-serial-device",
-		"-chardev", "socket,id=agent,path=/run/cocoon/default/sb1/agent.sock,server=on,wait=off",
+		"-chardev", "socket,id=agent,path=agent.sock,server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=io.cocoon.agent.0",
 	}
 	if !slices.Equal(got, want) {
@@ -102,9 +103,20 @@ func TestCommandLineVariants(t *testing.T) {
 			return launchParams{spec: s, tbSizeMiB: 24}
 		}(),
 		want: []string{
-			"-chardev", "socket,id=qmp,path=/run/a,,b/qmp.sock,server=on,wait=off",
-			"-chardev", "socket,id=agent,path=/run/a,,b/agent.sock,server=on,wait=off",
+			"-name", "guest=/run/a,,b",
 		},
+	}, {
+		name: "sockets are named relative to the state dir, whatever its length",
+		p: func() launchParams {
+			s := testSpec(hypervisor.AccelTCG, channel.Serial)
+			s.StateDir = "/run/cocoon/" + strings.Repeat("n", 76) + "/" + strings.Repeat("i", 76)
+			return launchParams{spec: s, tbSizeMiB: 24}
+		}(),
+		want: []string{
+			"-chardev", "socket,id=qmp,path=qmp.sock,server=on,wait=off",
+			"-chardev", "socket,id=agent,path=agent.sock,server=on,wait=off",
+		},
+		wantNot: []string{"/run/cocoon/nnn" + strings.Repeat("n", 73) + "/" + strings.Repeat("i", 76) + "/"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := commandLine(tc.p)

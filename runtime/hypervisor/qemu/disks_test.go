@@ -72,11 +72,12 @@ func pausedVM(t *testing.T, withController bool) *VM {
 	sock := filepath.Join(dir, QMPSocketName)
 	args := []string{"-M", "microvm,x-option-roms=off", "-S", "-accel", "tcg", "-m", "64M",
 		"-nodefaults", "-no-user-config", "-display", "none",
-		"-chardev", qmpChardev(dir), "-mon", "chardev=qmp,mode=control"}
+		"-chardev", qmpChardev, "-mon", "chardev=qmp,mode=control"}
 	if withController {
 		args = append(args, "-device", "virtio-scsi-device,id="+SCSIControllerID)
 	}
 	cmd := exec.Command(DefaultBinary, args...)
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

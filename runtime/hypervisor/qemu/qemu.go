@@ -9,7 +9,9 @@
 // Files in the state dir: qmp.sock, agent.sock (serial channel), qemu.pid
 // and console.log. Stop and Cleanup remove all but console.log, which is
 // bounded and kept for post-mortems until the state dir's owner removes the
-// directory. A failed Launch removes all four.
+// directory. A failed Launch removes all four. QEMU runs in the state dir
+// and binds its sockets there by name, so no socket path depends on how
+// long the state dir's path is, and nothing lives outside it.
 package qemu
 
 import (
@@ -20,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -164,6 +165,8 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	cmd.ExtraFiles = extra
 	// QEMU needs nothing from the shim's environment.
 	cmd.Env = []string{}
+	// Its sockets are bound by name in the state dir (see qmpChardev).
+	cmd.Dir = spec.StateDir
 	// Its own process group, so that a signal meant for the shim's group
 	// (a terminal's ^C, containerd killing the shim) does not reach it.
 	// No Pdeathsig: the guest must outlive a crashed shim.
@@ -236,13 +239,6 @@ func validateSpec(s hypervisor.Spec) error {
 	}
 	if !filepath.IsAbs(s.StateDir) {
 		return bad("state dir %q is not an absolute path", s.StateDir)
-	}
-	// A unix socket path must fit sockaddr_un.sun_path (108 bytes with
-	// its NUL).
-	for _, name := range []string{QMPSocketName, AgentSocketName} {
-		if p := filepath.Join(s.StateDir, name); len(p) > 107 {
-			return bad("socket path %s is %d bytes, longer than the 107 a unix socket allows; use a shorter state dir", p, len(p))
-		}
 	}
 	if fi, err := os.Stat(s.StateDir); err != nil {
 		return fmt.Errorf("%w: state dir: %w", errdefs.ErrInvalidArgument, err)
@@ -389,7 +385,13 @@ func isOurQEMU(pid int, stateDir string) bool {
 	if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "qemu") {
 		return false
 	}
-	return slices.Contains(argv, qmpChardev(stateDir))
+	want := nameArg(stateDir)
+	for i := 1; i+1 < len(argv); i++ {
+		if argv[i] == "-name" && argv[i+1] == want {
+			return true
+		}
+	}
+	return false
 }
 
 func removeFiles(lg *log.Entry, paths ...string) error {
@@ -403,13 +405,22 @@ func removeFiles(lg *log.Entry, paths ...string) error {
 	return errors.Join(errs...)
 }
 
+// dialQMP connects to QEMU's QMP socket at sock, whatever its length.
+func dialQMP(ctx context.Context, sock string) (*qmp.Client, error) {
+	conn, err := channel.DialUnix(ctx, sock)
+	if err != nil {
+		return nil, fmt.Errorf("connect qmp socket %s: %w", sock, err)
+	}
+	return qmp.New(ctx, conn, qmp.Options{})
+}
+
 // waitQMP connects to QMP once QEMU serves it. QEMU only greets after its
 // machine is built (kernel loaded), so a bad kernel shows up here as QEMU's
 // exit, reported with its stderr.
 func (v *VM) waitQMP(ctx context.Context, sock string) (*qmp.Client, error) {
 	backoff := 2 * time.Millisecond
 	for {
-		c, err := qmp.Dial(ctx, sock, qmp.Options{})
+		c, err := dialQMP(ctx, sock)
 		if err == nil {
 			return c, nil
 		}

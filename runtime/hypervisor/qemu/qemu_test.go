@@ -392,6 +392,49 @@ func TestCleanupFromStateDirOnly(t *testing.T) {
 	}
 }
 
+// TestLongStateDir runs a VM in a state dir named after containerd's
+// longest namespace and id (76 bytes each), where the socket paths are
+// longer than a sockaddr_un holds: QMP and the agent's serial port answer,
+// and both Stop and Cleanup (a `shim delete` that has only the state dir,
+// here without the pid file) leave only the console log.
+func TestLongStateDir(t *testing.T) {
+	spec := idleSpec(t)
+	spec.StateDir = filepath.Join(spec.StateDir, strings.Repeat("n", 76), strings.Repeat("i", 76))
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if p := filepath.Join(spec.StateDir, AgentSocketName); len(p) <= channel.MaxSocketPath {
+		t.Fatalf("%s is short enough for a sockaddr_un: not a test of long paths", p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	vm := launchForTest(t, spec)
+	if _, err := vm.QMP().QueryStatus(ctx); err != nil {
+		t.Fatalf("qmp: %v", err)
+	}
+	conn, err := vm.AgentEndpoint().Dial(ctx)
+	if err != nil {
+		t.Fatalf("agent serial port: %v", err)
+	}
+	conn.Close()
+	if Running(spec.StateDir) != vm.PID() {
+		t.Errorf("Running(%s) = %d, want %d", spec.StateDir, Running(spec.StateDir), vm.PID())
+	}
+	if err := vm.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	assertLeftOnly(t, spec.StateDir, ConsoleLogName)
+
+	vm = launchForTest(t, spec)
+	os.Remove(filepath.Join(spec.StateDir, PIDFileName))
+	if err := Cleanup(ctx, spec.StateDir); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	waitExited(t, vm, 2*time.Second)
+	assertLeftOnly(t, spec.StateDir, ConsoleLogName)
+}
+
 func TestCleanupLeavesForeignPIDAlone(t *testing.T) {
 	dir := t.TempDir()
 	sleeper := exec.Command("sleep", "30")
