@@ -483,6 +483,10 @@ func TestUnknownID(t *testing.T) {
 	ctx := testCtx(t, 10*time.Second)
 	p := &Process{c: h.client, id: "nobody", outputDone: make(chan struct{}), stdinSem: make(chan struct{}, 1), stdinCopied: make(chan struct{}), waitSem: make(chan struct{}, 1)}
 	close(p.outputDone)
+	// Before a Wait, since the agent forgets a process once waited for.
+	if err := p.CloseStdin(ctx); !errdefs.IsNotFound(err) {
+		t.Errorf("close stdin: want not found, got %v", err)
+	}
 	if _, err := p.Wait(ctx); !errdefs.IsNotFound(err) {
 		t.Errorf("wait: want not found, got %v", err)
 	}
@@ -492,8 +496,26 @@ func TestUnknownID(t *testing.T) {
 	if err := p.Resize(ctx, 1, 1); !errdefs.IsNotFound(err) {
 		t.Errorf("resize: want not found, got %v", err)
 	}
-	if err := p.CloseStdin(ctx); !errdefs.IsNotFound(err) {
-		t.Errorf("close stdin: want not found, got %v", err)
+}
+
+// TestCloseStdinAfterExit: a process whose stdin reached EOF exits, is
+// waited for and forgotten by the agent; closing its stdin then is not an
+// error (containerd's client calls CloseIO once its copy of stdin ends,
+// whether or not the process is still there).
+func TestCloseStdinAfterExit(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t, 10*time.Second)
+	var out agenttest.Buffer
+	p, err := h.client.Start(ctx, ProcessSpec{ID: "ateof", Args: []string{"cat"}, Stdin: strings.NewReader("abc"), Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.Wait(ctx)
+	if err != nil || st.Code != 0 || out.String() != "abc" {
+		t.Fatalf("got %+v %v %q", st, err, out.String())
+	}
+	if err := p.CloseStdin(ctx); err != nil {
+		t.Fatalf("close stdin after the process was waited for: %v", err)
 	}
 }
 

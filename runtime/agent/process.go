@@ -91,6 +91,9 @@ type Process struct {
 	// status is the agent's answer to WaitProcess, guarded by waitSem;
 	// kept because the agent forgets the process once it answered.
 	status *ExitStatus
+	// waitAsked is set once WaitProcess has been called: from then on
+	// the agent may have forgotten the process (see CloseStdin).
+	waitAsked atomic.Bool
 }
 
 // Start opens the process's stdio streams and starts it. On error nothing
@@ -199,7 +202,10 @@ const stdinIdle = 20 * time.Millisecond
 // CloseStdin makes the process read EOF once the stdin already read from
 // ProcessSpec.Stdin is delivered. It waits, within ctx, for the copy to
 // reach the end of Stdin, to go idle in Read, or to finish a write the
-// process is slow to take.
+// process is slow to take. A process that has exited and been waited for
+// has no stdin left to close: that is not an error (the agent forgets a
+// process as it answers WaitProcess, which may be before the host has
+// read the answer).
 func (p *Process) CloseStdin(ctx context.Context) error {
 	if p.stdin != nil {
 		if err := p.waitStdinIdle(ctx); err != nil {
@@ -216,7 +222,11 @@ func (p *Process) CloseStdin(ctx context.Context) error {
 	// The FIN is on the wire before this call, so the agent has all the
 	// data when it acts.
 	_, err := p.c.agent.CloseStdin(ctx, &api.CloseStdinRequest{Id: p.id})
-	return p.c.mapErr(fmt.Sprintf("close stdin of process %s", p.id), err)
+	err = p.c.mapErr(fmt.Sprintf("close stdin of process %s", p.id), err)
+	if errdefs.IsNotFound(err) && p.waitAsked.Load() {
+		return nil
+	}
+	return err
 }
 
 func (p *Process) waitStdinIdle(ctx context.Context) error {
@@ -262,6 +272,7 @@ func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
 	}
 	defer func() { <-p.waitSem }()
 	if p.status == nil {
+		p.waitAsked.Store(true)
 		resp, err := p.c.agent.WaitProcess(ctx, &api.WaitProcessRequest{Id: p.id})
 		if err != nil {
 			return ExitStatus{}, p.c.mapErr(fmt.Sprintf("wait for process %s", p.id), err)

@@ -64,13 +64,16 @@ func (s *Service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*
 }
 
 // CloseIO closes a process's stdin: it reads EOF once what the client
-// wrote has been delivered.
+// wrote has been delivered. As with runc's shim, a process that has exited
+// takes it until it is deleted (containerd's client calls it once its copy
+// of stdin ends, however soon the process did): its stdin went with it,
+// so only the shim's side is closed.
 func (s *Service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
-	t, err := s.find(r.ID, r.ExecID, opCloseIO)
+	t, exited, err := s.findStdin(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
-	if r.Stdin && t.guest != nil {
+	if r.Stdin && t.guest != nil && !exited {
 		if err := t.guest.CloseStdin(ctx); err != nil {
 			return nil, fmt.Errorf("close the stdin of %s: %w", t.p.name(), err)
 		}
@@ -80,4 +83,20 @@ func (s *Service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*empt
 		_ = t.io.CloseStdin()
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// findStdin looks up the process whose stdin CloseIO closes, and says
+// whether it has exited, in which case the VM need not be running.
+func (s *Service) findStdin(id, execID string) (target, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, err := s.findLocked(id, execID, "")
+	if err != nil {
+		return target{}, false, err
+	}
+	if t.p.state == stateStopped {
+		return t, true, nil
+	}
+	t, err = s.findLocked(id, execID, opCloseIO)
+	return t, false, err
 }

@@ -84,7 +84,7 @@ var allowed = map[op][]state{
 	opKill:    {stateCreated, stateStarting, stateRunning, statePaused},
 	opDelete:  {stateCreated, stateStopped},
 	opResize:  {stateCreated, stateStarting, stateRunning, statePaused},
-	opCloseIO: {stateCreated, stateStarting, stateRunning, statePaused},
+	opCloseIO: {stateCreated, stateStarting, stateRunning, statePaused, stateStopped},
 	opUpdate:  {stateCreated, stateRunning, statePaused},
 	opExec:    {stateRunning},
 	opExit:    {stateCreated, stateStarting, stateRunning, statePaused},
