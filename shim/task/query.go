@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -53,9 +54,18 @@ func (s *Service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 	return &taskapi.WaitResponse{ExitStatus: t.p.exit.code, ExitedAt: timestamp(t.p.exit.at)}, nil
 }
 
-// Pids lists the guest pids of a container's processes.
+// Pids lists a container's processes as the guest sees them (guest
+// pids), except the container's init, which is listed under the task's
+// pid (the VMM's host pid, which State and Create give), so that the
+// task's pid is among them as under runc. An exec's entry carries its exec
+// id, as runc's shim gives it (runc's ProcessDetails, which ctr decodes).
+// docs/containerd.md says what each pid means.
 func (s *Service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.PidsResponse, error) {
-	sb, err := s.containerSandbox(r.ID)
+	t, err := s.find(r.ID, "", "")
+	if err != nil {
+		return nil, err
+	}
+	sb, err := t.sandbox()
 	if err != nil {
 		return nil, err
 	}
@@ -63,11 +73,43 @@ func (s *Service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.Pi
 	if err != nil {
 		return nil, fmt.Errorf("list the processes of container %s: %w", r.ID, err)
 	}
+	initPid, execs := s.guestPids(t.c)
 	out := make([]*tasktypes.ProcessInfo, 0, len(pids))
 	for _, pid := range pids {
-		out = append(out, &tasktypes.ProcessInfo{Pid: pid})
+		info := &tasktypes.ProcessInfo{Pid: pid}
+		if execID, ok := execs[pid]; ok {
+			d, err := typeurl.MarshalAnyToProto(&runcoptions.ProcessDetails{ExecID: execID})
+			if err != nil {
+				return nil, fmt.Errorf("list the processes of container %s: %w", r.ID, err)
+			}
+			info.Info = d
+		} else if pid == initPid && t.pid != 0 {
+			info.Pid = t.pid
+		}
+		out = append(out, info)
 	}
 	return &taskapi.PidsResponse{Processes: out}, nil
+}
+
+// guestPids returns the guest pids of c's init and of its execs (by pid)
+// that have started and not exited; 0 for an init that has not. It takes
+// s.mu.
+func (s *Service) guestPids(c *container) (initPid uint32, execs map[uint32]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	live := func(p *process) bool {
+		return p.guest != nil && (p.state == stateStarting || p.state == stateRunning || p.state == statePaused)
+	}
+	if live(c.init) {
+		initPid = c.init.guest.Pid()
+	}
+	execs = make(map[uint32]string, len(c.execs))
+	for id, e := range c.execs {
+		if live(e) {
+			execs[e.guest.Pid()] = id
+		}
+	}
+	return initPid, execs
 }
 
 // Stats returns a container's cgroup v2 metrics
