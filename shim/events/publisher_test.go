@@ -39,7 +39,16 @@ func (f *fakeContainerd) Forward(ctx context.Context, r *eventsapi.ForwardReques
 	if r.Envelope.Namespace != "ns" {
 		return nil, fmt.Errorf("namespace %q", r.Envelope.Namespace)
 	}
-	f.got = append(f.got, r.Envelope.Topic+" "+ev.(*eventstypes.TaskExit).ContainerID)
+	var id string
+	switch ev := ev.(type) {
+	case *eventstypes.TaskExit:
+		id = ev.ContainerID
+	case *eventstypes.TaskOOM:
+		id = ev.ContainerID
+	default:
+		return nil, fmt.Errorf("unexpected event %T", ev)
+	}
+	f.got = append(f.got, r.Envelope.Topic+" "+id)
 	return &emptypb.Empty{}, nil
 }
 
