@@ -16,7 +16,10 @@
 # made from the host's apt sources; nothing of the host's apt state changes).
 # The result is cached under ${COCOON_CACHE:-/var/cache/cocoon}/crun/<key>/
 # where key is the sha256 of: the source version, this script, the compiler
-# and the static libraries linked in. On a hit nothing is fetched or built.
+# and binutils, the static libraries linked in, the kernel headers and the
+# Python that generates libocispec's sources. On a hit nothing is fetched or
+# built. It installs nothing: a missing build dependency fails with the
+# package's name (`make deps` installs them all).
 #
 # On success prints the cache directory (the last line of stdout); it holds:
 #   crun  source-version  build.log
@@ -33,7 +36,7 @@ PRINT_KEY=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--print-key) PRINT_KEY=1; shift ;;
-	-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,31p' "$0"; exit 0 ;;
 	*) echo "crun.sh: unknown argument: $1" >&2; exit 2 ;;
 	esac
 done
@@ -43,20 +46,21 @@ log() { echo "crun.sh: $*" >&2; }
 die() { echo "crun.sh: error: $*" >&2; exit 1; }
 export LC_ALL=C TZ=UTC
 
-# --- build dependencies (installed only when missing) ---------------------------
+# --- build dependencies: `make deps` installs them; none is installed here ------
 need_pkgs=()
-for spec in gcc:gcc make:make pkg-config:pkg-config dpkg-source:dpkg-dev xz:xz-utils; do
+for spec in gcc:gcc make:make pkg-config:pkg-config dpkg-source:dpkg-dev xz:xz-utils \
+            readelf:binutils strip:binutils apt-get:apt; do
 	command -v "${spec%%:*}" >/dev/null 2>&1 || need_pkgs+=("${spec#*:}")
 done
+# Debian's python3, whatever else is first on PATH: libocispec generates its
+# C sources with it at build time.
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need_pkgs+=(libc6-dev)
 [ -e /usr/lib/x86_64-linux-gnu/libseccomp.a ] || need_pkgs+=(libseccomp-dev)
 [ -e /usr/lib/x86_64-linux-gnu/libcap.a ] || need_pkgs+=(libcap-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
-	[ "${COCOON_NO_APT:-0}" = 1 ] && die "missing packages: ${need_pkgs[*]} (COCOON_NO_APT=1)"
-	[ "$(id -u)" = 0 ] || die "missing packages: ${need_pkgs[*]}; run as root or: apt-get install ${need_pkgs[*]}"
-	log "installing build dependencies: ${need_pkgs[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need_pkgs[@]}" >&2 ||
-		die "could not install: ${need_pkgs[*]}"
+	mapfile -t need_pkgs < <(printf '%s\n' "${need_pkgs[@]}" | sort -u)
+	die "missing Debian packages: ${need_pkgs[*]} (make deps installs them: apt-get install ${need_pkgs[*]})"
 fi
 
 # --- which source ----------------------------------------------------------------
@@ -72,8 +76,10 @@ UPVER="${VERSION#*:}"
 DSC="$SRCDIR/crun_${UPVER}.dsc"
 
 pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
-KEY="$( { echo "crun=$VERSION"; echo "cc=$(gcc --version | sed -n 1p)"
-          echo "libc=$(pkgver libc6-dev) seccomp=$(pkgver libseccomp-dev) cap=$(pkgver libcap-dev)"
+KEY="$( { echo "crun=$VERSION"; echo "cc=$(gcc --version | sed -n 1p) binutils=$(pkgver binutils)"
+          echo "libc=$(pkgver libc6-dev) linux-libc-dev=$(pkgver linux-libc-dev)"
+          echo "seccomp=$(pkgver libseccomp-dev) cap=$(pkgver libcap-dev)"
+          echo "python=$(/usr/bin/python3 --version 2>&1)"
           echo "--- crun.sh"; cat "$HERE/crun.sh"; } | sha256sum | cut -c1-64)"
 OUT="$CACHE/crun/$KEY"
 if [ "$PRINT_KEY" = 1 ]; then echo "$KEY"; exit 0; fi
@@ -126,10 +132,16 @@ cd "$WORK/src"
 SDE="$(dpkg-parsechangelog -S Timestamp 2>/dev/null || echo 0)"
 export SOURCE_DATE_EPOCH="$SDE"
 CFLAGS="-O2 -g0 -ffile-prefix-map=$WORK/src=. -fdebug-prefix-map=$WORK/src=."
+# crun 1.8.1 builds the embedded yajl but gives only libocispec the path of
+# its headers; crun's own sources include <yajl/yajl_tree.h> too, and found
+# it only where libyajl-dev was installed. With the path given here they
+# always get the embedded headers, which also come before any system ones.
+CPPFLAGS="-I$WORK/src/libocispec/yajl/src/headers"
 {
 	# gcrypt is optional (only for a seccomp cache); without it nothing
 	# else is linked in.
-	ac_cv_search_gcry_check_version=no ./configure CFLAGS="$CFLAGS" \
+	ac_cv_search_gcry_check_version=no ./configure CFLAGS="$CFLAGS" CPPFLAGS="$CPPFLAGS" \
+		PYTHON=/usr/bin/python3 \
 		--disable-systemd --disable-criu --disable-dl --enable-embedded-yajl --disable-shared
 	make -j"$(nproc)" git-version.h .version
 	make -C libocispec/yajl -j"$(nproc)"
