@@ -11,10 +11,13 @@ LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/runtime/version.Version=$(VERSION
 AGENT_LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/guest/agent.Version=$(VERSION)
 # Debian packages the build, the tests and the demo need (runc for the host
 # side of the benchmarks and tests, crun for the agent tests on cgroup v2 hosts;
-# the guest's crun is built static from Debian's source by guest/image/crun.sh).
+# the guest's crun is built static from Debian's source by guest/image/crun.sh,
+# whose build runs python3). The scripts under guest/image install nothing:
+# a package missing here fails the build with its name.
 DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fsprogs cpio lz4 zstd \
-	busybox-static iproute2 kmod util-linux procps psmisc git make gcc bc flex bison libelf-dev \
-	xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config libseccomp-dev libcap-dev
+	busybox-static iproute2 kmod util-linux procps psmisc git make gcc libc6-dev binutils bc flex bison \
+	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
+	python3 libseccomp-dev libcap-dev
 
 .PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean
 
@@ -22,19 +25,21 @@ all: build
 
 build: bin/cocoon bin/cocoon-agent bin/containerd-shim-cocoon-v2
 
+# -buildvcs=false: the version comes from VERSION, so a binary does not
+# depend on whether the tree is a git clone or an archive of one.
 # Every package's sources: Go's own caching makes rebuilding cheap, so
 # binaries are rebuilt whenever anything under the tree changes.
 GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum
 
 bin/cocoon: $(GO_SOURCES)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/cocoon
+	$(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $@ ./cmd/cocoon
 
 bin/containerd-shim-cocoon-v2: $(GO_SOURCES)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/containerd-shim-cocoon-v2
+	$(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $@ ./cmd/containerd-shim-cocoon-v2
 
 # The agent is PID 1 in the guest: static, no cgo.
 bin/cocoon-agent: $(GO_SOURCES)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(AGENT_LDFLAGS)' -o $@ ./cmd/cocoon-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(AGENT_LDFLAGS)' -o $@ ./cmd/cocoon-agent
 
 guest: bin/cocoon-agent
 	bash guest/image/build.sh bin/cocoon-agent $(GUEST_DIR)

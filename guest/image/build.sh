@@ -14,14 +14,17 @@
 #   COCOON_INITRD_COMPRESSION  none (default, measured fastest) or lz4
 #   COCOON_CRUN_VERSION        Debian crun source version to build (default: apt candidate)
 #   SOURCE_DATE_EPOCH          mtime of every initrd entry (default 0)
-#   COCOON_NO_APT=1            never call apt-get
+#   COCOON_NO_APT=1            crun.sh fetches no source with apt-get
+#
+# Installs nothing: a missing build dependency fails with the package's name
+# (`make deps` installs them all).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
-[ $# -eq 2 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
 AGENT="$1" OUTDIR="$2"
 [ -f "$AGENT" ] || die "agent binary not found: $AGENT (build it first: make build)"
 [ -x "$AGENT" ] || die "agent binary is not executable: $AGENT"
@@ -36,12 +39,9 @@ bb="${COCOON_BUSYBOX:-/bin/busybox}"
 if [ ! -x "$bb" ] || readelf -l "$bb" 2>/dev/null | grep -q 'program interpreter'; then
 	[ -z "${COCOON_BUSYBOX:-}" ] && need+=(busybox-static)
 fi
-if [ ${#need[@]} -gt 0 ]; then
-	[ "${COCOON_NO_APT:-0}" != 1 ] && [ "$(id -u)" = 0 ] || die "missing tools; install: ${need[*]}"
-	log "installing ${need[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
-		die "could not install ${need[*]}"
-fi
+# Nothing is installed here: a package missing from `make deps` shows.
+[ ${#need[@]} -eq 0 ] ||
+	die "missing Debian packages: ${need[*]} (make deps installs them: apt-get install ${need[*]})"
 # PID 1 of the guest: must be an x86-64 ELF executable; a static one, since the
 # image has no shared libraries.
 hdr="$(readelf -h "$AGENT" 2>/dev/null)" || die "agent is not an ELF file: $AGENT"

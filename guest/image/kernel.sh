@@ -15,7 +15,9 @@
 # Environment:
 #   COCOON_CACHE          cache root (default /var/cache/cocoon)
 #   COCOON_KERNEL_JOBS    make -j (default: nproc)
-#   COCOON_NO_APT=1       never call apt-get; fail if something is missing
+#
+# It installs nothing: a missing build dependency fails with the package's
+# name (`make deps` installs them all).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
 	case "$1" in
 	--fragment) FRAGMENT="$(realpath "$2")"; shift 2 ;;
 	--print-key) PRINT_KEY=1; shift ;;
-	-h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+	-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
 	*) echo "kernel.sh: unknown argument: $1" >&2; exit 2 ;;
 	esac
 done
@@ -37,7 +39,7 @@ die() { echo "kernel.sh: error: $*" >&2; exit 1; }
 
 [ -r "$FRAGMENT" ] || die "fragment not found: $FRAGMENT"
 
-# --- build dependencies (installed only when missing) ---------------------------
+# --- build dependencies: `make deps` installs them; none is installed here ------
 need_pkgs=()
 for spec in gcc:gcc make:make bc:bc flex:flex bison:bison xz:xz-utils \
             perl:perl cpio:cpio; do
@@ -48,16 +50,8 @@ done
 [ -e /usr/include/stdio.h ] || need_pkgs+=(libc6-dev)
 dpkg-query -W -f='${Status}' "$SRCPKG" 2>/dev/null | grep -q 'ok installed' ||
 	need_pkgs+=("$SRCPKG")
-if [ ${#need_pkgs[@]} -gt 0 ]; then
-	[ "${COCOON_NO_APT:-0}" = 1 ] && die "missing packages: ${need_pkgs[*]} (COCOON_NO_APT=1)"
-	[ "$(id -u)" = 0 ] || die "missing packages: ${need_pkgs[*]}; run as root or: apt-get install ${need_pkgs[*]}"
-	log "installing build dependencies: ${need_pkgs[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get install -y --no-install-recommends "${need_pkgs[@]}" >&2 || {
-		log "apt-get install failed; retrying after apt-get update"
-		apt-get update >&2 && apt-get install -y --no-install-recommends "${need_pkgs[@]}" >&2
-	} || die "could not install: ${need_pkgs[*]}"
-fi
+[ ${#need_pkgs[@]} -eq 0 ] ||
+	die "missing Debian packages: ${need_pkgs[*]} (make deps installs them: apt-get install ${need_pkgs[*]})"
 
 SRCVER="$(dpkg-query -W -f='${Version}' "$SRCPKG")"
 TARBALL=/usr/src/linux-source-6.1.tar.xz
