@@ -78,11 +78,25 @@ test-deps:
 	bash integration/install-containerd.sh $(CONTAINERD_17) $(TEST_TOOLS)/containerd-1.7
 	bash integration/install-containerd.sh $(CONTAINERD_24) $(TEST_TOOLS)/containerd-2.4
 
+# The fuzz targets over what the guest sends, each run for FUZZ_TIME by
+# test-unit (go test -fuzz takes one package and one target at a time):
+# <package>:<target>, one a line. Their seed corpora are in the packages'
+# testdata/fuzz, and plain `go test` runs those too.
+FUZZ_TARGETS := \
+	./guest/api:FuzzReadStreamHeader \
+	./runtime/agent:FuzzGuestReply \
+	./runtime/agent:FuzzGuestSession
+FUZZ_TIME ?= 5s
+
 test-unit:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 5s "$${t%%:*}" || exit 1; \
+	done
 
 # Real VMs, real QEMU: needs root. Uses the freshly built binaries and
 # guest image, not whatever is installed.

@@ -54,21 +54,31 @@ func TestStreamHeaderRejects(t *testing.T) {
 }
 
 // FuzzReadStreamHeader: whatever the peer sends, reading a header never
-// panics and anything accepted writes back to the same bytes.
+// panics, never reads past the longest header, and reads nothing past the
+// header it accepts; anything accepted writes back to the same bytes. The
+// seed corpus is in testdata/fuzz/FuzzReadStreamHeader.
 func FuzzReadStreamHeader(f *testing.F) {
 	f.Add([]byte("CCN1\x01\x00"))
 	f.Add([]byte("CCN1\x03\x03abc"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := ReadStreamHeader(bytes.NewReader(b))
+		r := bytes.NewReader(b)
+		h, err := ReadStreamHeader(r)
+		read := len(b) - r.Len()
+		if read > len(headerMagic)+2+MaxIDLen {
+			t.Fatalf("read %d bytes, more than the longest header", read)
+		}
 		if err != nil {
+			if !errors.Is(err, ErrBadHeader) {
+				t.Fatalf("error %v is not ErrBadHeader", err)
+			}
 			return
 		}
 		var buf bytes.Buffer
 		if err := WriteStreamHeader(&buf, h); err != nil {
 			t.Fatalf("accepted %+v but cannot write it: %v", h, err)
 		}
-		if !bytes.HasPrefix(b, buf.Bytes()) {
-			t.Fatalf("re-encoded %q is not a prefix of input %q", buf.Bytes(), b)
+		if !bytes.Equal(b[:read], buf.Bytes()) {
+			t.Fatalf("re-encoded %q is not the %q read", buf.Bytes(), b[:read])
 		}
 	})
 }

@@ -149,14 +149,17 @@ func (c *Client) mapErr(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
-		return fmt.Errorf("%s: %w", op, errgrpc.ToNative(err))
+	if st, ok := status.FromError(err); ok {
+		return fmt.Errorf("%s: %w", op, errgrpc.ToNative(guestStatus(st)))
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) || c.sess.IsClosed() {
 		return fmt.Errorf("%s: agent connection closed: %w", op, errdefs.ErrUnavailable)
+	}
+	if malformedReply(err) {
+		return fmt.Errorf("%s: the guest sent a malformed reply: %w: %v", op, errdefs.ErrDataLoss, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

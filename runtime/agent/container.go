@@ -19,6 +19,11 @@ import (
 // maxPids bounds the pids the client accepts from the guest.
 const maxPids = 1 << 16
 
+// maxMetricsBytes bounds the encoded metrics the client decodes: a
+// container's cgroup v2 metrics take about 1 KiB, and the decoding of a
+// message of empty repeated entries allocates some seventy times its size.
+const maxMetricsBytes = 64 << 10
+
 // Disk addresses a disk the host hot-plugged onto the guest's SCSI
 // controller.
 type Disk struct {
@@ -288,6 +293,9 @@ func (c *Client) ContainerStats(ctx context.Context, id string) (*stats.Metrics,
 	resp, err := c.agent.ContainerStats(ctx, &api.ContainerRequest{ContainerId: id})
 	if err != nil {
 		return nil, c.mapErr(op, err)
+	}
+	if len(resp.Metrics) > maxMetricsBytes {
+		return nil, fmt.Errorf("%s: guest sent %d bytes of metrics, at most %d: %w", op, len(resp.Metrics), maxMetricsBytes, errdefs.ErrDataLoss)
 	}
 	var m stats.Metrics
 	if err := proto.Unmarshal(resp.Metrics, &m); err != nil {
