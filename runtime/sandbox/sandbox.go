@@ -30,6 +30,11 @@ import (
 // consoleTailLines is how much of the guest console an error carries.
 const consoleTailLines = 25
 
+// deadStopTimeout bounds the end of the VM of a dead sandbox: its guest
+// is not asked for anything, so QEMU gets little time to quit before the
+// signals.
+const deadStopTimeout = time.Second
+
 // exitGrace is how long a failed start waits to learn whether the VMM has
 // exited, to report that rather than the channel error it caused.
 const exitGrace = 200 * time.Millisecond
@@ -113,6 +118,18 @@ type Sandbox struct {
 	calls callGate
 	// copyBackNanos is the time spent copying writable layers back.
 	copyBackNanos atomic.Int64
+	// life is the sandbox's phase (state.go).
+	life *lifecycle
+	// agentTimeout bounds each working call to the agent once the
+	// sandbox is ready; a guest that does not answer in time is dead.
+	agentTimeout time.Duration
+	// watchDone is closed when the watch of the VM's end has returned;
+	// stopped when Stop has finished. Both nil until Start made them.
+	watchDone chan struct{}
+	stopped   chan struct{}
+	// stopErr is what the Stop that did the work returned; read after
+	// stopped is closed.
+	stopErr error
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -148,8 +165,12 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		Dir:   filepath.Join(cfg.Runtime.StateDir, o.Namespace, o.ID),
 		Accel: accel, AccelReason: accelWhy, Channel: ch, ChannelReason: chWhy,
 		stopTimeout:   cfg.Runtime.StopTimeout.Duration,
+		agentTimeout:  cfg.Runtime.AgentTimeout.Duration,
 		rootfs:        o.Rootfs,
 		containersDir: filepath.Join(cfg.Runtime.DataDir, ContainersDirName, o.Namespace, o.ID),
+		life:          newLifecycle(PhaseBooting),
+		watchDone:     make(chan struct{}),
+		stopped:       make(chan struct{}),
 	}
 	if err := makeStateDir(s.Dir); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -159,7 +180,8 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	}
 	defer func() {
 		if retErr != nil {
-			s.teardown(context.WithoutCancel(ctx))
+			close(s.watchDone)
+			_ = s.Stop(context.WithoutCancel(ctx))
 		}
 	}()
 	if err := writeState(s.Dir, State{Namespace: o.Namespace, ID: o.ID, Driver: o.Driver.Name(), Created: time.Now().UTC()}); err != nil {
@@ -188,7 +210,14 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 	if err := s.connect(startCtx); err != nil {
 		return nil, err
 	}
+	if err := s.life.to(PhaseReady); err != nil {
+		return nil, err
+	}
 	s.ReadyIn = time.Since(launched)
+	s.agent.SetCallTimeout(s.agentTimeout, func(method string) {
+		s.die(ctx, fmt.Errorf("the guest agent did not answer %s within %v", method, s.agentTimeout))
+	})
+	go s.watch(context.WithoutCancel(ctx))
 	log.G(ctx).WithField("ready_ms", s.ReadyIn.Milliseconds()).WithField("guest_kernel", s.Guest.KernelRelease).Info("sandbox ready")
 	return s, nil
 }
@@ -279,7 +308,9 @@ func (s *Sandbox) VM() hypervisor.VM { return s.vm }
 
 // Stop ends the VM and removes the sandbox's state: QEMU is asked to quit
 // (then SIGTERM, then SIGKILL), the containers' root filesystems are
-// released and the state directory removed. Safe to call more than once.
+// released and the state directory removed. It works in every phase, a
+// dead sandbox's included. Safe to call more than once and concurrently:
+// later calls wait for the first and return what it returned.
 //
 // The guest is not asked to shut down first. Nothing in it outlives the
 // sandbox: the scratch disks go with their containers, so there is no
@@ -289,10 +320,75 @@ func (s *Sandbox) VM() hypervisor.VM { return s.vm }
 // Container calls in flight are let finish first, for up to the stop
 // timeout; calls made after Stop began fail with errdefs.ErrUnavailable.
 func (s *Sandbox) Stop(ctx context.Context) error {
+	if !s.life.stop() {
+		select {
+		case <-s.stopped:
+			return s.stopErr
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the sandbox to stop: %w", ctx.Err())
+		}
+	}
 	if n := s.calls.close(ctx, s.stopTimeout); n > 0 {
 		log.G(ctx).WithField("calls", n).Warn("stopping the sandbox with container calls still in flight")
 	}
-	return s.teardown(ctx)
+	// A watch that found the VM dead is ending it; let it finish.
+	<-s.watchDone
+	s.stopErr = s.teardown(ctx)
+	_ = s.life.to(PhaseStopped)
+	close(s.stopped)
+	return s.stopErr
+}
+
+// Phase returns the sandbox's phase and, for a dead sandbox, why it died.
+func (s *Sandbox) Phase() (Phase, error) { return s.life.current() }
+
+// Dead is closed when the VM has ended without Stop being asked, once it
+// is gone: QEMU exited or was killed, or the guest was ended because it
+// broke its session, sent garbage or stopped answering. Its processes are
+// gone.
+func (s *Sandbox) Dead() <-chan struct{} { return s.life.dead }
+
+// watch waits for the VM to end, or its agent session to break, before
+// Stop is called, and then declares the sandbox dead.
+func (s *Sandbox) watch(ctx context.Context) {
+	defer close(s.watchDone)
+	var cause error
+	select {
+	case <-s.life.ended:
+		return
+	case <-s.vm.Exited():
+		cause = s.vmEndCause()
+	case <-s.agent.Done():
+		cause = errors.New("the guest agent's session ended (the guest closed it or sent what the host could not read)")
+	}
+	s.die(ctx, cause)
+}
+
+// die declares a live sandbox dead: the agent session is closed, so that
+// every call and wait in flight ends, and the VM is ended at once, since
+// its guest can no longer be reached or trusted. Stop then releases what
+// is left. A sandbox that is not live (booting, dead or stopping) is left
+// to whoever is dealing with it.
+func (s *Sandbox) die(ctx context.Context, cause error) {
+	if !s.life.die(cause) {
+		return
+	}
+	log.G(ctx).WithError(cause).Error("the sandbox's VM died; its processes are reported killed" + s.consoleTail())
+	s.agent.Close()
+	sctx, cancel := context.WithTimeout(ctx, deadStopTimeout)
+	defer cancel()
+	if err := s.vm.Stop(sctx); err != nil {
+		log.G(ctx).WithError(err).Error("end the VM of a dead sandbox")
+	}
+	s.life.buried()
+}
+
+// vmEndCause describes a VM that ended while the sandbox was live.
+func (s *Sandbox) vmEndCause() error {
+	if err := s.vm.ExitError(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the guest shut down or reset", hypervisor.ErrVMExited)
 }
 
 // teardown stops the VMM and removes what the sandbox made, whatever state

@@ -63,7 +63,8 @@ func (d *fakeDriver) Launch(ctx context.Context, spec hypervisor.Spec) (hypervis
 		if err != nil {
 			return nil, err
 		}
-		go func() { svc.ServeListener(gctx, l); r.Close() }()
+		rl := &recordingListener{Listener: l, vm: vm}
+		go func() { svc.ServeListener(gctx, rl); r.Close() }()
 	case guestSilent:
 		go func() {
 			for {
@@ -88,6 +89,10 @@ type fakeVM struct {
 	l      net.Listener
 	cancel context.CancelFunc
 
+	mu sync.Mutex // guards conns
+	// conns are the guest's ends of the agent connections.
+	conns []net.Conn
+
 	once    sync.Once // closes exited
 	exited  chan struct{}
 	exitErr error
@@ -101,6 +106,35 @@ func (v *fakeVM) exit(err error) {
 		v.l.Close()
 		close(v.exited)
 	})
+}
+
+// recordingListener keeps the guest's end of each agent connection, for
+// tests that make the guest misbehave.
+type recordingListener struct {
+	net.Listener
+	vm *fakeVM
+}
+
+func (l *recordingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.vm.mu.Lock()
+		l.vm.conns = append(l.vm.conns, c)
+		l.vm.mu.Unlock()
+	}
+	return c, err
+}
+
+// sendGarbage writes bytes that are no yamux frame on the guest's end of
+// the agent connection, as a broken or hostile guest would.
+func (v *fakeVM) sendGarbage() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.conns) == 0 {
+		return errors.New("no agent connection")
+	}
+	_, err := v.conns[len(v.conns)-1].Write([]byte("\xff\xffnot a yamux frame, not ttrpc either\n"))
+	return err
 }
 
 func (v *fakeVM) PID() int { return os.Getpid() }
