@@ -9,6 +9,7 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonrt/cocoon/oci"
@@ -33,13 +34,20 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 	if err := s.reserve(r.ID); err != nil {
 		return nil, err
 	}
-	defer s.unreserve(r.ID)
 	clock := startClock(nil)
 	p, pio, err := s.create(ctx, r, spec, &clock)
 	if err != nil {
+		// A failed first Create does not leave its VM up for nothing.
+		if vm := s.unreserve(r.ID); vm != nil {
+			if serr := stopVM(context.WithoutCancel(ctx), vm); serr != nil {
+				log.G(ctx).WithError(serr).Warn("stop the sandbox of a failed create")
+			}
+		}
 		return nil, err
 	}
-	return &taskapi.CreateTaskResponse{Pid: s.commitCreate(r, p, pio, clock)}, nil
+	pid := s.commitCreate(r, p, pio, clock)
+	s.unreserve(r.ID)
+	return &taskapi.CreateTaskResponse{Pid: pid}, nil
 }
 
 // createRefused turns a "not implemented" refusal into a failed
@@ -60,6 +68,9 @@ func (s *Service) reserve(id string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("create container %s: the shim is shutting down: %w", id, errdefs.ErrUnavailable)
+	}
 	_, exists := s.containers[id]
 	_, creating := s.reserved[id]
 	if exists || creating {
@@ -69,10 +80,13 @@ func (s *Service) reserve(id string) error {
 	return nil
 }
 
-func (s *Service) unreserve(id string) {
+// unreserve ends the Create of id. It returns the VM to stop if nothing
+// is left in it: the Create failed, and it was the first.
+func (s *Service) unreserve(id string) *vmSlot {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	delete(s.reserved, id)
-	s.mu.Unlock()
+	return s.releaseVMIfUnusedLocked()
 }
 
 // create boots the sandbox if needed and creates the container in the

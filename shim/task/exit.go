@@ -17,8 +17,7 @@ func (s *Service) waitExit(c *container, p *process, guest Process, pio *stdio.I
 	st, err := guest.Wait(s.ctx)
 	exit := exitStatus{code: st.Code, at: st.ExitedAt, oomKills: st.OOMKills}
 	if err != nil {
-		lg.WithError(err).Warn("lost the process: reporting an unknown exit")
-		exit = exitStatus{code: unknownExit}
+		exit = s.lostExit(lg, err)
 	}
 	if exit.at.IsZero() {
 		exit.at = time.Now()
@@ -42,6 +41,39 @@ func (s *Service) waitExit(c *container, p *process, guest Process, pio *stdio.I
 		return
 	}
 	s.recordExitLocked(p, exit)
+}
+
+// killedWithVM is the exit status of a process whose sandbox's VM died
+// under it: it was killed with the VM, as if by SIGKILL (128 + 9).
+const killedWithVM = 137
+
+// deathGrace is how long a process whose wait failed waits to learn that
+// its sandbox died: the VM's end and the wait's failure are one event
+// seen from two goroutines.
+const deathGrace = 3 * time.Second
+
+// lostExit is the exit of a process whose wait failed: killedWithVM if
+// the sandbox died, else unknownExit.
+func (s *Service) lostExit(lg *log.Entry, err error) exitStatus {
+	s.mu.Lock()
+	var sb Sandbox
+	if s.vm != nil {
+		sb = s.vm.sb
+	}
+	s.mu.Unlock()
+	if sb != nil {
+		t := time.NewTimer(deathGrace)
+		defer t.Stop()
+		select {
+		case <-sb.Dead():
+			lg.WithError(err).Warn("the sandbox's VM died: reporting the process killed")
+			return exitStatus{code: killedWithVM, at: time.Now()}
+		case <-t.C:
+		case <-s.ctx.Done():
+		}
+	}
+	lg.WithError(err).Warn("lost the process: reporting an unknown exit")
+	return exitStatus{code: unknownExit}
 }
 
 // waitExecs makes sure a container's execs have ended once its init has:

@@ -30,6 +30,9 @@ type fakeLauncher struct {
 	fail error
 	// gate, if set, holds Launch until closed.
 	gate chan struct{}
+	// createFail, if set, is what the booted sandboxes' CreateContainer
+	// returns.
+	createFail error
 }
 
 func (l *fakeLauncher) Launch(ctx context.Context, r LaunchRequest) (Sandbox, error) {
@@ -46,6 +49,7 @@ func (l *fakeLauncher) Launch(ctx context.Context, r LaunchRequest) (Sandbox, er
 	}
 	sb := newFakeSandbox()
 	l.mu.Lock()
+	sb.createFail = l.createFail
 	l.sandboxes = append(l.sandboxes, sb)
 	l.mu.Unlock()
 	return sb, nil
@@ -66,6 +70,8 @@ func (l *fakeLauncher) count() int {
 // fakeSandbox is a VM whose containers are fakeProcesses.
 type fakeSandbox struct {
 	events chan SandboxEvent
+	// dead is closed by die.
+	dead chan struct{}
 
 	mu sync.Mutex // guards the fields below
 	// procs are the processes by "<container>" or "<container>/<exec>".
@@ -76,10 +82,12 @@ type fakeSandbox struct {
 	stopped bool
 	// startHook runs inside StartContainer (to simulate an early exit).
 	startHook func(p *fakeProcess)
+	// createFail, if set, fails CreateContainer.
+	createFail error
 }
 
 func newFakeSandbox() *fakeSandbox {
-	return &fakeSandbox{events: make(chan SandboxEvent, 8), procs: map[string]*fakeProcess{}}
+	return &fakeSandbox{events: make(chan SandboxEvent, 8), dead: make(chan struct{}), procs: map[string]*fakeProcess{}}
 }
 
 // record logs a guest call, which takes a millisecond (see GuestTime).
@@ -116,6 +124,9 @@ func (s *fakeSandbox) HostPID() uint32 { return fakeHostPID }
 
 func (s *fakeSandbox) CreateContainer(ctx context.Context, c ContainerSpec) (Process, error) {
 	s.record("create %s", c.ID)
+	if s.createFail != nil {
+		return nil, s.createFail
+	}
 	p := newFakeProcess(100, c.Stdin, c.Stdout, c.Stderr)
 	s.mu.Lock()
 	s.procs[c.ID] = p
@@ -210,6 +221,19 @@ func (s *fakeSandbox) ContainerPids(ctx context.Context, id string) ([]uint32, e
 
 func (s *fakeSandbox) Events() <-chan SandboxEvent { return s.events }
 
+// Dead is closed by die.
+func (s *fakeSandbox) Dead() <-chan struct{} { return s.dead }
+
+// die ends the fake VM on its own: every process is lost.
+func (s *fakeSandbox) die() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.dead)
+	for _, p := range s.procs {
+		p.lose()
+	}
+}
+
 func (s *fakeSandbox) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -234,9 +258,11 @@ type fakeProcess struct {
 	stdout, stderr io.Writer
 
 	once sync.Once // closes done
-	// done is closed when the process ended; status is then set.
+	// done is closed when the process ended; status, or lost, is then
+	// set.
 	done   chan struct{}
 	status agent.ExitStatus
+	lost   bool
 
 	mu sync.Mutex // guards signals and stdinClosed
 	// signals are the signals sent with Signal.
@@ -260,11 +286,22 @@ func (p *fakeProcess) exitStatus(st agent.ExitStatus) {
 	})
 }
 
+// lose makes Wait fail, as when the agent session is gone.
+func (p *fakeProcess) lose() {
+	p.once.Do(func() {
+		p.lost = true
+		close(p.done)
+	})
+}
+
 func (p *fakeProcess) Pid() uint32 { return p.pid }
 
 func (p *fakeProcess) Wait(ctx context.Context) (agent.ExitStatus, error) {
 	select {
 	case <-p.done:
+		if p.lost {
+			return agent.ExitStatus{}, fmt.Errorf("wait for process: agent connection closed: %w", errdefs.ErrUnavailable)
+		}
 		return p.status, nil
 	case <-ctx.Done():
 		return agent.ExitStatus{}, ctx.Err()

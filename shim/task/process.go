@@ -22,6 +22,13 @@ type container struct {
 	// oomKills is the count of the container's OOM kills reported to
 	// containerd so far; guarded by Service.mu.
 	oomKills uint64
+	// oomPublished is when the last TaskOOM of the container was
+	// published; guarded by Service.mu.
+	oomPublished time.Time
+	// oomPending is the highest count of kills the guest reported that
+	// oomTimer will publish; guarded by Service.mu.
+	oomPending uint64
+	oomTimer   *time.Timer
 	// timing is where the init's task calls spent their time; guarded
 	// by Service.mu.
 	timing timing

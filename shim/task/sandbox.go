@@ -77,6 +77,10 @@ type Sandbox interface {
 	// Stop shuts the VM down and removes its state. Safe to call more
 	// than once.
 	Stop(ctx context.Context) error
+	// Dead is closed when the VM ended without Stop: it crashed or was
+	// killed, or its guest broke its session or stopped answering. Its
+	// processes are gone; deleting its containers and Stop still work.
+	Dead() <-chan struct{}
 	// GuestTime is the time spent so far in calls the guest agent works
 	// on (not those waiting for exits or events).
 	GuestTime() time.Duration

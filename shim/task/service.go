@@ -80,6 +80,8 @@ type Service struct {
 	// vm is the sandbox's VM: booting, booted, or nil before the first
 	// Create and after the last Delete.
 	vm *vmSlot
+	// closed is set by Close: from then on nothing is created or booted.
+	closed bool
 }
 
 // vmSlot is the sandbox's VM. Its fields are written once, before ready
@@ -115,9 +117,12 @@ func New(o Options) *Service {
 }
 
 // Close stops the sandbox's VM if one runs: the serving process calls it
-// on the way out, whatever containers remain.
+// on the way out, whatever containers remain. It is terminal: a Create
+// after it, or one whose boot it overtook, is refused, so that no VM
+// starts that nothing would stop.
 func (s *Service) Close(ctx context.Context) error {
 	s.mu.Lock()
+	s.closed = true
 	vm := s.vm
 	s.vm = nil
 	s.mu.Unlock()

@@ -467,7 +467,7 @@ func TestQueries(t *testing.T) {
 		t.Errorf("connect = %v, %v", c, err)
 	}
 	sb := ts.launcher.sandbox(0)
-	sb.events <- SandboxEvent{Kind: EventOOM, ContainerID: "c1"}
+	sb.events <- SandboxEvent{Kind: EventOOM, ContainerID: "c1", OOMKills: 1}
 	deadline := time.Now().Add(2 * time.Second)
 	for len(ts.events.find(TopicOOM)) == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"fmt"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/errdefs"
@@ -36,6 +37,10 @@ func SandboxID(containerID string, annotations map[string]string) (id string, jo
 // boot is not kept, so the next Create tries again.
 func (s *Service) sandboxFor(ctx context.Context, r LaunchRequest) (Sandbox, error) {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("boot sandbox %s: the shim is shutting down: %w", r.ID, errdefs.ErrUnavailable)
+	}
 	slot := s.vm
 	if slot != nil && slot.id != r.ID {
 		s.mu.Unlock()
@@ -97,7 +102,7 @@ func (s *Service) forwardEvents(sb Sandbox) {
 		case EventOOM:
 			s.mu.Lock()
 			if c, ok := s.containers[ev.ContainerID]; ok {
-				s.publishOOMLocked(c, ev.OOMKills)
+				s.coalesceOOMLocked(c, ev.OOMKills)
 			}
 			s.mu.Unlock()
 		default:
@@ -108,15 +113,46 @@ func (s *Service) forwardEvents(sb Sandbox) {
 
 // publishOOMLocked publishes a TaskOOM for c unless the count of OOM kills
 // was reported already: the guest reports a kill both as an event and with
-// the init's exit, in either order. A count of 0 (a guest that does not
-// count) is always published. Callers hold s.mu.
+// the init's exit, in either order. A count of 0 reports no kill and is
+// dropped. Callers hold s.mu.
 func (s *Service) publishOOMLocked(c *container, kills uint64) {
-	if kills != 0 && kills <= c.oomKills {
+	if kills <= c.oomKills {
 		return
 	}
-	c.oomKills = max(c.oomKills, kills)
+	c.oomKills = kills
+	c.oomPublished = time.Now()
 	s.publish(TopicOOM, &eventstypes.TaskOOM{ContainerID: c.id})
 }
+
+// coalesceOOMLocked publishes what a guest's OOM event reports, at most
+// once per oomEventGap for each container: kills reported sooner are
+// published together when the gap has passed. Callers hold s.mu.
+func (s *Service) coalesceOOMLocked(c *container, kills uint64) {
+	wait := oomEventGap - time.Since(c.oomPublished)
+	if wait <= 0 {
+		s.publishOOMLocked(c, kills)
+		return
+	}
+	c.oomPending = max(c.oomPending, kills)
+	if c.oomTimer != nil {
+		return
+	}
+	c.oomTimer = time.AfterFunc(wait, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		c.oomTimer = nil
+		if s.containers[c.id] == c && c.init.state != stateDeleted {
+			s.publishOOMLocked(c, c.oomPending)
+		}
+	})
+}
+
+// oomEventGap is the least time between two TaskOOM events of a
+// container that the guest's events cause: kills in between are
+// coalesced into the next event, or into the one that precedes the
+// init's exit, which is never held back. A guest cannot flood
+// containerd with them.
+const oomEventGap = 100 * time.Millisecond
 
 // releaseVMIfUnusedLocked takes the VM out of the service once no
 // container is left or being created; the caller stops it unlocked.
