@@ -147,7 +147,6 @@ func Start(version string, opts ...Option) (*Containerd, error) {
 		Address:   filepath.Join(dir, "c.sock"),
 		Namespace: "cocoon-test",
 		Bin:       bin,
-		exited:    make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(c)
@@ -158,39 +157,63 @@ func Start(version string, opts ...Option) (*Containerd, error) {
 			return nil, fmt.Errorf("build the shim: %w", err)
 		}
 	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(c.config(b.configVersion, b.disabled)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(c.config(b.configVersion, b.disabled)), 0o644); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
-	if err != nil {
+	if err := c.launch(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(bin, "containerd"), "--config", cfg)
-	cmd.Env = append(os.Environ(), c.Env...)
-	cmd.Env = append(cmd.Env, "PATH="+c.ShimDir+":"+bin+":"+os.Getenv("PATH"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own process group, so a test's end never leaves it behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start containerd %s: %v", version, err)
-	}
-	c.cmd = cmd
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(c.exited)
-	}()
 	if err := c.waitReady(30 * time.Second); err != nil {
 		log := c.Log()
 		_ = c.Stop()
 		return nil, fmt.Errorf("containerd %s: %v\n%s", version, err, log)
 	}
 	return c, nil
+}
+
+// launch starts the containerd process of c, appending to its log.
+func (c *Containerd) launch() error {
+	logf, err := os.OpenFile(filepath.Join(c.Dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.Bin, "containerd"), "--config", filepath.Join(c.Dir, "config.toml"))
+	cmd.Env = append(os.Environ(), c.Env...)
+	cmd.Env = append(cmd.Env, "PATH="+c.ShimDir+":"+c.Bin+":"+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group, so a test's end never leaves it behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start containerd %s: %v", c.Version, err)
+	}
+	exited := make(chan struct{})
+	c.cmd, c.exited = cmd, exited
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops containerd (SIGTERM; its shims keep running, as they do
+// when a host's containerd is restarted) and starts it again on the same
+// root, state and socket, then waits until it answers.
+func (c *Containerd) Restart() error {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+	if err := c.launch(); err != nil {
+		return err
+	}
+	return c.waitReady(30 * time.Second)
 }
 
 // config is the containerd configuration of this instance.
@@ -362,3 +385,6 @@ func (c *Containerd) MustCtr(args ...string) string {
 	}
 	return out
 }
+
+// PID is the containerd process's pid.
+func (c *Containerd) PID() int { return c.cmd.Process.Pid }
