@@ -240,14 +240,21 @@ type GuestSync struct {
 	WallTime time.Time
 	// Entropy is credited to the guest's random pool (at most 512 bytes).
 	Entropy []byte
-	// Hostname, if set, becomes the guest's hostname.
+	// Hostname, if set, becomes the guest's hostname, cut to the 64
+	// bytes a Linux hostname holds (a containerd id may have 76).
 	Hostname string
 }
+
+// maxHostname is the guest kernel's HOST_NAME_MAX.
+const maxHostname = 64
 
 // SyncGuest sets the guest's clock, entropy and hostname. Call it after
 // WaitReady and after every restore from a snapshot or template.
 func (c *Client) SyncGuest(ctx context.Context, s GuestSync) error {
 	req := &api.SyncGuestRequest{Entropy: s.Entropy, Hostname: s.Hostname}
+	if len(req.Hostname) > maxHostname {
+		req.Hostname = req.Hostname[:maxHostname]
+	}
 	if !s.WallTime.IsZero() {
 		req.WallTimeUnixNs = s.WallTime.UnixNano()
 	}
