@@ -233,6 +233,7 @@ func TestShimKilled(t *testing.T) {
 			}
 			c.Ctr("task", "rm", "-f", "victim")
 			c.MustCtr("container", "rm", "victim")
+			leakAudit(t, c, filepath.Dir(stateDir))
 		})
 	}
 }
