@@ -502,7 +502,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	if err := os.MkdirAll(cs.dir, 0o711); err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	// 0711, as containerd makes a bundle: the root of a user namespace
+	// that maps it to another uid must reach its rootfs through it.
+	if err := os.Mkdir(dir, 0o711); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("container %s: directory %s is left over from an earlier container: %w", id, dir, errdefs.ErrAlreadyExists)
 		}
