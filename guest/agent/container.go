@@ -63,9 +63,13 @@ type Mounted struct {
 	Root string
 	// Release unmounts what Assemble mounted.
 	Release func(context.Context) error
+	// Upper is the overlay upperdir that holds the writable layer, which
+	// ExportLayer hands back; empty when the root has no writable layer
+	// of its own.
+	Upper string
 	// Changed writes the writable layer out to its disk and reports
-	// whether anything was written to it since Assemble; nil when the
-	// root has no writable layer of its own to hand back.
+	// whether anything was written to it since Assemble; nil without
+	// Upper.
 	Changed func() (bool, error)
 }
 
@@ -124,6 +128,8 @@ type lifecycleOp struct {
 	rule string
 	// quiesce refuses the op while processes are being executed.
 	quiesce bool
+	// stay leaves the container in the state it was in.
+	stay bool
 }
 
 var (
@@ -135,6 +141,8 @@ var (
 		rule: "only a paused container can be resumed"}
 	opDelete = lifecycleOp{doing: "deleted", from: []containerState{stateCreated, stateStopped}, to: stateStopped,
 		rule: "kill it and let it stop before deleting it", quiesce: true}
+	opExport = lifecycleOp{doing: "exported", from: []containerState{stateCreated, stateStopped}, stay: true,
+		rule: "only a created or stopped container's writable layer can be exported", quiesce: true}
 )
 
 // container is one container that the OCI runtime runs in the guest.
@@ -203,7 +211,7 @@ func (c *container) end(op lifecycleOp, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.busy = ""
-	if ok {
+	if ok && !op.stay {
 		c.state = op.to
 	}
 }
@@ -739,7 +747,7 @@ func (s *Service) KillContainer(ctx context.Context, req *api.KillContainerReque
 // DeleteContainer removes a created or stopped container: `delete`,
 // then its rootfs is unmounted and its directory removed. The processes'
 // exit statuses stay for WaitProcess.
-func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest) (*api.RootfsState, error) {
+func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest) (*api.Empty, error) {
 	cs := s.containers
 	c, err := cs.get(req.ContainerId)
 	if err != nil {
@@ -773,11 +781,6 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 		return nil, fmt.Errorf("container %s: wait for init to exit: %w", c.id, ctx.Err())
 	}
 	cs.unwatchOOM(c)
-	changed, err := c.rootfs.changed()
-	if err != nil {
-		// The host then keeps the upperdir as it was: said loudly.
-		log.G(ctx).WithError(err).WithField("container", c.id).Warn("cannot tell whether the writable layer changed")
-	}
 	if err := c.rootfs.Release(ctx); err != nil {
 		return nil, fmt.Errorf("container %s: unmount rootfs: %w", c.id, err)
 	}
@@ -788,27 +791,8 @@ func (s *Service) DeleteContainer(ctx context.Context, req *api.ContainerRequest
 	delete(cs.byID, c.id)
 	cs.mu.Unlock()
 	ok = true
-	log.G(ctx).WithField("container", c.id).WithField("rootfs_changed", changed).Info("container deleted")
-	return &api.RootfsState{Changed: changed}, nil
-}
-
-// FlushContainer writes a stopped container's writable layer to its disk
-// and reports whether it changed, leaving the container as it is: the host
-// stops the VM next.
-func (s *Service) FlushContainer(ctx context.Context, req *api.ContainerRequest) (*api.RootfsState, error) {
-	c, err := s.containers.get(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	if st := c.current(); st != stateStopped {
-		return nil, fmt.Errorf("container %s is %s: only a stopped container's layer can be flushed: %w", c.id, st, errdefs.ErrFailedPrecondition)
-	}
-	changed, err := c.rootfs.changed()
-	if err != nil {
-		return nil, fmt.Errorf("container %s: flush the writable layer: %w", c.id, err)
-	}
-	log.G(ctx).WithField("container", c.id).WithField("rootfs_changed", changed).Debug("container flushed")
-	return &api.RootfsState{Changed: changed}, nil
+	log.G(ctx).WithField("container", c.id).Info("container deleted")
+	return &api.Empty{}, nil
 }
 
 // UpdateContainer applies new resource limits (`update`).

@@ -122,7 +122,7 @@ func (s *Service) route(ctx context.Context, stream *yamux.Stream, control *stre
 		return
 	}
 	if err := s.streams.deliver(h.ID, h.Kind, stream); err != nil {
-		log.G(ctx).WithError(err).Warn("dropping stdio stream")
+		log.G(ctx).WithError(err).WithField("kind", h.Kind).Warn("dropping stream")
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 	"github.com/cocoonrt/cocoon/guest/api"
 )
 
-// streamSet holds the stdio streams of one process by kind.
+// streamSet holds the streams of one id by kind: a process's stdio, or
+// an export's layer stream.
 type streamSet map[api.StreamKind]net.Conn
 
 func (s streamSet) closeAll() {
@@ -29,13 +30,14 @@ type streamKey struct {
 	kind api.StreamKind
 }
 
-// parkedStream is a stdio stream that arrived before the StartProcess naming it.
+// parkedStream is a stream that arrived before the call naming it
+// (StartProcess, CreateContainer, ExecProcess, ExportLayer).
 type parkedStream struct {
 	conn  net.Conn
 	timer *time.Timer
 }
 
-// claim is a StartProcess waiting for its stdio streams.
+// claim is a call waiting for the streams it names.
 type claim struct {
 	want map[api.StreamKind]bool
 	got  streamSet
@@ -45,8 +47,8 @@ type claim struct {
 	complete bool
 }
 
-// streamRegistry pairs stdio streams with the StartProcess calls that name
-// them, in whichever order the two arrive.
+// streamRegistry pairs the streams the host opens with the calls that
+// name them, in whichever order the two arrive.
 type streamRegistry struct {
 	// parkTimeout is how long an unclaimed stream is kept.
 	parkTimeout time.Duration
@@ -141,7 +143,7 @@ func (r *streamRegistry) claim(ctx context.Context, id string, want []api.Stream
 	}
 	// Take what arrived early; a parked stream of a kind the process did
 	// not ask for is a host error and is dropped.
-	for _, kind := range []api.StreamKind{api.StreamStdin, api.StreamStdout, api.StreamStderr} {
+	for _, kind := range []api.StreamKind{api.StreamStdin, api.StreamStdout, api.StreamStderr, api.StreamLayer} {
 		key := streamKey{id, kind}
 		p := r.parked[key]
 		if p == nil {
@@ -168,9 +170,9 @@ func (r *streamRegistry) claim(ctx context.Context, id string, want []api.Stream
 	select {
 	case <-cl.ready:
 	case <-timer.C:
-		err = fmt.Errorf("stdio streams of process %s did not arrive within %s: %w", id, timeout, errdefs.ErrFailedPrecondition)
+		err = fmt.Errorf("streams of %s did not arrive within %s: %w", id, timeout, errdefs.ErrFailedPrecondition)
 	case <-ctx.Done():
-		err = fmt.Errorf("waiting for stdio streams of process %s: %w", id, ctx.Err())
+		err = fmt.Errorf("waiting for the streams of %s: %w", id, ctx.Err())
 	}
 	r.mu.Lock()
 	delete(r.claims, id)

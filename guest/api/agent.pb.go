@@ -74,7 +74,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11, 0}
+	return file_agent_proto_rawDescGZIP(), []int{12, 0}
 }
 
 type ContainerRequest struct {
@@ -122,29 +122,33 @@ func (x *ContainerRequest) GetContainerId() string {
 	return ""
 }
 
-type RootfsState struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// changed is whether anything was written to the container's scratch
-	// disk since its overlay was assembled; false for a read-only root.
-	Changed       bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+type ExportLayerRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// stream_id names the layer stream, as process ids name stdio
+	// streams ([A-Za-z0-9._-]{1,64}).
+	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// max_bytes bounds the diff; 0 is no bound. The host bounds what it
+	// reads on its own too.
+	MaxBytes      uint64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *RootfsState) Reset() {
-	*x = RootfsState{}
+func (x *ExportLayerRequest) Reset() {
+	*x = ExportLayerRequest{}
 	mi := &file_agent_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *RootfsState) String() string {
+func (x *ExportLayerRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*RootfsState) ProtoMessage() {}
+func (*ExportLayerRequest) ProtoMessage() {}
 
-func (x *RootfsState) ProtoReflect() protoreflect.Message {
+func (x *ExportLayerRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_agent_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -156,16 +160,96 @@ func (x *RootfsState) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use RootfsState.ProtoReflect.Descriptor instead.
-func (*RootfsState) Descriptor() ([]byte, []int) {
+// Deprecated: Use ExportLayerRequest.ProtoReflect.Descriptor instead.
+func (*ExportLayerRequest) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{1}
 }
 
-func (x *RootfsState) GetChanged() bool {
+func (x *ExportLayerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ExportLayerRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
+func (x *ExportLayerRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ExportLayerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// changed is whether anything was written to the container's scratch
+	// disk since its overlay was assembled (always true without a write
+	// count); false for a read-only root. Without a change the stream
+	// carried nothing.
+	Changed bool `protobuf:"varint,1,opt,name=changed,proto3" json:"changed,omitempty"`
+	// bytes is the size of the diff written to the stream and entries
+	// the number of its tar entries.
+	Bytes         uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Entries       uint64 `protobuf:"varint,3,opt,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportLayerResponse) Reset() {
+	*x = ExportLayerResponse{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportLayerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportLayerResponse) ProtoMessage() {}
+
+func (x *ExportLayerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportLayerResponse.ProtoReflect.Descriptor instead.
+func (*ExportLayerResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExportLayerResponse) GetChanged() bool {
 	if x != nil {
 		return x.Changed
 	}
 	return false
+}
+
+func (x *ExportLayerResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportLayerResponse) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
 }
 
 // Disk is a block device the host attached to the guest's virtio-scsi
@@ -185,7 +269,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -197,7 +281,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -210,7 +294,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Disk) GetScsiId() uint32 {
@@ -254,7 +338,7 @@ type Rootfs struct {
 
 func (x *Rootfs) Reset() {
 	*x = Rootfs{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +350,7 @@ func (x *Rootfs) String() string {
 func (*Rootfs) ProtoMessage() {}
 
 func (x *Rootfs) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +363,7 @@ func (x *Rootfs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rootfs.ProtoReflect.Descriptor instead.
 func (*Rootfs) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Rootfs) GetLayers() []*Disk {
@@ -318,7 +402,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +414,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +427,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateContainerRequest) GetContainerId() string {
@@ -410,7 +494,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +506,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +519,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -491,7 +575,7 @@ type KillContainerRequest struct {
 
 func (x *KillContainerRequest) Reset() {
 	*x = KillContainerRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +587,7 @@ func (x *KillContainerRequest) String() string {
 func (*KillContainerRequest) ProtoMessage() {}
 
 func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +600,7 @@ func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillContainerRequest.ProtoReflect.Descriptor instead.
 func (*KillContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KillContainerRequest) GetContainerId() string {
@@ -551,7 +635,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +647,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +660,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -604,7 +688,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +700,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +713,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ContainerStatsResponse) GetMetrics() []byte {
@@ -648,7 +732,7 @@ type ContainerPidsResponse struct {
 
 func (x *ContainerPidsResponse) Reset() {
 	*x = ContainerPidsResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +744,7 @@ func (x *ContainerPidsResponse) String() string {
 func (*ContainerPidsResponse) ProtoMessage() {}
 
 func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +757,7 @@ func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPidsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ContainerPidsResponse) GetPids() []uint32 {
@@ -691,7 +775,7 @@ type NextEventRequest struct {
 
 func (x *NextEventRequest) Reset() {
 	*x = NextEventRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +787,7 @@ func (x *NextEventRequest) String() string {
 func (*NextEventRequest) ProtoMessage() {}
 
 func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +800,7 @@ func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextEventRequest.ProtoReflect.Descriptor instead.
 func (*NextEventRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type Event struct {
@@ -733,7 +817,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +829,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +842,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -790,7 +874,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +886,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +899,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type PingRequest struct {
@@ -826,7 +910,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +922,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +935,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 type PingResponse struct {
@@ -870,7 +954,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +966,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +979,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PingResponse) GetVersion() string {
@@ -940,7 +1024,7 @@ type SyncGuestRequest struct {
 
 func (x *SyncGuestRequest) Reset() {
 	*x = SyncGuestRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1036,7 @@ func (x *SyncGuestRequest) String() string {
 func (*SyncGuestRequest) ProtoMessage() {}
 
 func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1049,7 @@ func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestRequest.ProtoReflect.Descriptor instead.
 func (*SyncGuestRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncGuestRequest) GetWallTimeUnixNs() int64 {
@@ -997,7 +1081,7 @@ type SyncGuestResponse struct {
 
 func (x *SyncGuestResponse) Reset() {
 	*x = SyncGuestResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1093,7 @@ func (x *SyncGuestResponse) String() string {
 func (*SyncGuestResponse) ProtoMessage() {}
 
 func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1106,7 @@ func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestResponse.ProtoReflect.Descriptor instead.
 func (*SyncGuestResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type StartProcessRequest struct {
@@ -1056,7 +1140,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1152,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1165,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartProcessRequest) GetId() string {
@@ -1178,7 +1262,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1274,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1287,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -1222,7 +1306,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1318,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1331,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitProcessRequest) GetId() string {
@@ -1276,7 +1360,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1372,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1385,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -1344,7 +1428,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1440,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1453,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SignalProcessRequest) GetId() string {
@@ -1402,7 +1486,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1498,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1511,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -1448,7 +1532,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1544,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1557,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1505,7 +1589,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1601,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1614,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1539,9 +1623,15 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"\vagent.proto\x12\x0fcocoon.agent.v1\"5\n" +
 	"\x10ContainerRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"'\n" +
-	"\vRootfsState\x12\x18\n" +
-	"\achanged\x18\x01 \x01(\bR\achanged\"f\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"q\n" +
+	"\x12ExportLayerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1b\n" +
+	"\tstream_id\x18\x02 \x01(\tR\bstreamId\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x04R\bmaxBytes\"_\n" +
+	"\x13ExportLayerResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x01(\bR\achanged\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\aentries\x18\x03 \x01(\x04R\aentries\"f\n" +
 	"\x04Disk\x12\x17\n" +
 	"\ascsi_id\x18\x01 \x01(\rR\x06scsiId\x12\x10\n" +
 	"\x03lun\x18\x02 \x01(\rR\x03lun\x12\x16\n" +
@@ -1632,7 +1722,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\xf2\f\n" +
+	"\x0fShutdownRequest2\xf3\f\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -1646,9 +1736,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12K\n" +
 	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12Y\n" +
 	"\vExecProcess\x12#.cocoon.agent.v1.ExecProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12N\n" +
-	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12R\n" +
-	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x1c.cocoon.agent.v1.RootfsState\x12Q\n" +
-	"\x0eFlushContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x1c.cocoon.agent.v1.RootfsState\x12K\n" +
+	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
+	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12X\n" +
+	"\vExportLayer\x12#.cocoon.agent.v1.ExportLayerRequest\x1a$.cocoon.agent.v1.ExportLayerResponse\x12K\n" +
 	"\x0ePauseContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
 	"\x0fResumeContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12R\n" +
 	"\x0fUpdateContainer\x12'.cocoon.agent.v1.UpdateContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12\\\n" +
@@ -1669,80 +1759,81 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),       // 1: cocoon.agent.v1.ContainerRequest
-	(*RootfsState)(nil),            // 2: cocoon.agent.v1.RootfsState
-	(*Disk)(nil),                   // 3: cocoon.agent.v1.Disk
-	(*Rootfs)(nil),                 // 4: cocoon.agent.v1.Rootfs
-	(*CreateContainerRequest)(nil), // 5: cocoon.agent.v1.CreateContainerRequest
-	(*ExecProcessRequest)(nil),     // 6: cocoon.agent.v1.ExecProcessRequest
-	(*KillContainerRequest)(nil),   // 7: cocoon.agent.v1.KillContainerRequest
-	(*UpdateContainerRequest)(nil), // 8: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil), // 9: cocoon.agent.v1.ContainerStatsResponse
-	(*ContainerPidsResponse)(nil),  // 10: cocoon.agent.v1.ContainerPidsResponse
-	(*NextEventRequest)(nil),       // 11: cocoon.agent.v1.NextEventRequest
-	(*Event)(nil),                  // 12: cocoon.agent.v1.Event
-	(*Empty)(nil),                  // 13: cocoon.agent.v1.Empty
-	(*PingRequest)(nil),            // 14: cocoon.agent.v1.PingRequest
-	(*PingResponse)(nil),           // 15: cocoon.agent.v1.PingResponse
-	(*SyncGuestRequest)(nil),       // 16: cocoon.agent.v1.SyncGuestRequest
-	(*SyncGuestResponse)(nil),      // 17: cocoon.agent.v1.SyncGuestResponse
-	(*StartProcessRequest)(nil),    // 18: cocoon.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),   // 19: cocoon.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),     // 20: cocoon.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),    // 21: cocoon.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),   // 22: cocoon.agent.v1.SignalProcessRequest
-	(*CloseStdinRequest)(nil),      // 23: cocoon.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),       // 24: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),        // 25: cocoon.agent.v1.ShutdownRequest
+	(*ExportLayerRequest)(nil),     // 2: cocoon.agent.v1.ExportLayerRequest
+	(*ExportLayerResponse)(nil),    // 3: cocoon.agent.v1.ExportLayerResponse
+	(*Disk)(nil),                   // 4: cocoon.agent.v1.Disk
+	(*Rootfs)(nil),                 // 5: cocoon.agent.v1.Rootfs
+	(*CreateContainerRequest)(nil), // 6: cocoon.agent.v1.CreateContainerRequest
+	(*ExecProcessRequest)(nil),     // 7: cocoon.agent.v1.ExecProcessRequest
+	(*KillContainerRequest)(nil),   // 8: cocoon.agent.v1.KillContainerRequest
+	(*UpdateContainerRequest)(nil), // 9: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil), // 10: cocoon.agent.v1.ContainerStatsResponse
+	(*ContainerPidsResponse)(nil),  // 11: cocoon.agent.v1.ContainerPidsResponse
+	(*NextEventRequest)(nil),       // 12: cocoon.agent.v1.NextEventRequest
+	(*Event)(nil),                  // 13: cocoon.agent.v1.Event
+	(*Empty)(nil),                  // 14: cocoon.agent.v1.Empty
+	(*PingRequest)(nil),            // 15: cocoon.agent.v1.PingRequest
+	(*PingResponse)(nil),           // 16: cocoon.agent.v1.PingResponse
+	(*SyncGuestRequest)(nil),       // 17: cocoon.agent.v1.SyncGuestRequest
+	(*SyncGuestResponse)(nil),      // 18: cocoon.agent.v1.SyncGuestResponse
+	(*StartProcessRequest)(nil),    // 19: cocoon.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),   // 20: cocoon.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),     // 21: cocoon.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),    // 22: cocoon.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),   // 23: cocoon.agent.v1.SignalProcessRequest
+	(*CloseStdinRequest)(nil),      // 24: cocoon.agent.v1.CloseStdinRequest
+	(*ResizePtyRequest)(nil),       // 25: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),        // 26: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
-	3,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
-	3,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
-	4,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
+	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
+	4,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
+	5,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	0,  // 3: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
-	14, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	16, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	18, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	20, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	22, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	23, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	24, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	25, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	5,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	15, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	17, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	19, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	21, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	23, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	24, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	25, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	26, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	6,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
 	1,  // 13: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	6,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	7,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	7,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	8,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
 	1,  // 16: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 17: cocoon.agent.v1.Agent.FlushContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 17: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
 	1,  // 18: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
 	1,  // 19: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	8,  // 20: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	9,  // 20: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
 	1,  // 21: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
 	1,  // 22: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	11, // 23: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	15, // 24: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	17, // 25: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	19, // 26: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	21, // 27: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	13, // 28: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	13, // 29: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	13, // 30: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	13, // 31: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	19, // 32: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	13, // 33: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	19, // 34: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	13, // 35: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	2,  // 36: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.RootfsState
-	2,  // 37: cocoon.agent.v1.Agent.FlushContainer:output_type -> cocoon.agent.v1.RootfsState
-	13, // 38: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	13, // 39: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	13, // 40: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	9,  // 41: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	10, // 42: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	12, // 43: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	12, // 23: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	16, // 24: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	18, // 25: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	20, // 26: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	22, // 27: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	14, // 28: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	14, // 29: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	14, // 30: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	14, // 31: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	20, // 32: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 33: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	20, // 34: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 35: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 36: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 37: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	14, // 38: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 39: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 40: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 41: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	11, // 42: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	13, // 43: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
 	24, // [24:44] is the sub-list for method output_type
 	4,  // [4:24] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
@@ -1761,7 +1852,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

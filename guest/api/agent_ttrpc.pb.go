@@ -20,8 +20,8 @@ type AgentService interface {
 	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ExecProcess(context.Context, *ExecProcessRequest) (*StartProcessResponse, error)
 	KillContainer(context.Context, *KillContainerRequest) (*Empty, error)
-	DeleteContainer(context.Context, *ContainerRequest) (*RootfsState, error)
-	FlushContainer(context.Context, *ContainerRequest) (*RootfsState, error)
+	DeleteContainer(context.Context, *ContainerRequest) (*Empty, error)
+	ExportLayer(context.Context, *ExportLayerRequest) (*ExportLayerResponse, error)
 	PauseContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ResumeContainer(context.Context, *ContainerRequest) (*Empty, error)
 	UpdateContainer(context.Context, *UpdateContainerRequest) (*Empty, error)
@@ -124,12 +124,12 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 				}
 				return svc.DeleteContainer(ctx, &req)
 			},
-			"FlushContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
-				var req ContainerRequest
+			"ExportLayer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ExportLayerRequest
 				if err := unmarshal(&req); err != nil {
 					return nil, err
 				}
-				return svc.FlushContainer(ctx, &req)
+				return svc.ExportLayer(ctx, &req)
 			},
 			"PauseContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ContainerRequest
@@ -283,17 +283,17 @@ func (c *agentClient) KillContainer(ctx context.Context, req *KillContainerReque
 	return &resp, nil
 }
 
-func (c *agentClient) DeleteContainer(ctx context.Context, req *ContainerRequest) (*RootfsState, error) {
-	var resp RootfsState
+func (c *agentClient) DeleteContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
+	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "DeleteContainer", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
 }
 
-func (c *agentClient) FlushContainer(ctx context.Context, req *ContainerRequest) (*RootfsState, error) {
-	var resp RootfsState
-	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "FlushContainer", req, &resp); err != nil {
+func (c *agentClient) ExportLayer(ctx context.Context, req *ExportLayerRequest) (*ExportLayerResponse, error) {
+	var resp ExportLayerResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ExportLayer", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -9,7 +9,8 @@ import (
 
 // The agent channel carries one yamux session. The host opens every stream
 // and starts it with a header that says what the stream is for: the control
-// stream (ttrpc) or one stdio stream of a process. The guest reads the
+// stream (ttrpc), one stdio stream of a process, or the stream a
+// container's writable layer comes back on (ExportLayer). The guest reads the
 // header before anything else and drops the stream if it is malformed.
 //
 // Header layout (all fields fixed-size except the id):
@@ -29,6 +30,9 @@ const (
 	StreamStdout
 	// StreamStderr carries a process's stderr, guest to host.
 	StreamStderr
+	// StreamLayer carries a container's writable layer as a layer diff,
+	// guest to host; its id is the stream_id of ExportLayer.
+	StreamLayer
 )
 
 func (k StreamKind) String() string {
@@ -41,6 +45,8 @@ func (k StreamKind) String() string {
 		return "stdout"
 	case StreamStderr:
 		return "stderr"
+	case StreamLayer:
+		return "layer"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -61,7 +67,8 @@ func ValidID(id string) error {
 // StreamHeader opens every stream of the agent session.
 type StreamHeader struct {
 	Kind StreamKind
-	// ID names the process for stdio streams; empty for the control stream.
+	// ID names the process for stdio streams and the export for a layer
+	// stream; empty for the control stream.
 	ID string
 }
 
@@ -116,7 +123,7 @@ func (h StreamHeader) validate() error {
 			return errors.New("control stream carries no id")
 		}
 		return nil
-	case StreamStdin, StreamStdout, StreamStderr:
+	case StreamStdin, StreamStdout, StreamStderr, StreamLayer:
 		return ValidID(h.ID)
 	}
 	return fmt.Errorf("unknown stream kind %d", uint8(h.Kind))

@@ -12,6 +12,7 @@ func TestStreamHeaderRoundTrip(t *testing.T) {
 		{Kind: StreamStdin, ID: "exec-1"},
 		{Kind: StreamStdout, ID: "a.b_c-D"},
 		{Kind: StreamStderr, ID: string(bytes.Repeat([]byte("x"), MaxIDLen))},
+		{Kind: StreamLayer, ID: "p17"},
 	} {
 		var buf bytes.Buffer
 		if err := WriteStreamHeader(&buf, h); err != nil {

@@ -50,7 +50,9 @@ type Client struct {
 
 // waitingMethods are the calls that wait for something to happen in the
 // guest rather than work on a request: they do not count as guest time.
-var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true}
+// ExportLayer lasts as long as the layer takes to stream; its caller
+// bounds it, and counts it as the copy back's time.
+var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true, "ExportLayer": true}
 
 // account adds the duration of each call but the waiting ones to the
 // guest time.

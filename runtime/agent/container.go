@@ -240,25 +240,11 @@ func (c *Client) StartContainer(ctx context.Context, id string) error {
 }
 
 // DeleteContainer removes a created or stopped container and unmounts its
-// root filesystem in the guest; its disks can be detached afterwards. It
-// reports whether the container's writable layer changed.
-func (c *Client) DeleteContainer(ctx context.Context, id string) (rootfsChanged bool, err error) {
-	return c.rootfsCall(ctx, "delete", id, c.agent.DeleteContainer)
-}
-
-// FlushContainer writes a stopped container's writable layer to its disk
-// in the guest and reports whether it changed; nothing is unmounted, for a
-// VM that is stopped next.
-func (c *Client) FlushContainer(ctx context.Context, id string) (rootfsChanged bool, err error) {
-	return c.rootfsCall(ctx, "flush", id, c.agent.FlushContainer)
-}
-
-func (c *Client) rootfsCall(ctx context.Context, op, id string, call func(context.Context, *api.ContainerRequest) (*api.RootfsState, error)) (bool, error) {
-	resp, err := call(ctx, &api.ContainerRequest{ContainerId: id})
-	if err != nil {
-		return false, c.mapErr(fmt.Sprintf("%s container %s", op, id), err)
-	}
-	return resp.Changed, nil
+// root filesystem in the guest; its disks can be detached afterwards. Its
+// writable layer is no longer there to export.
+func (c *Client) DeleteContainer(ctx context.Context, id string) error {
+	_, err := c.agent.DeleteContainer(ctx, &api.ContainerRequest{ContainerId: id})
+	return c.mapErr(fmt.Sprintf("delete container %s", id), err)
 }
 
 // PauseContainer freezes the container.

@@ -113,8 +113,11 @@ func TestClientContainer(t *testing.T) {
 	if err != nil || len(pids) == 0 {
 		t.Fatalf("pids: %v %v", pids, err)
 	}
-	if _, err := c.DeleteContainer(ctx, "web"); !errdefs.IsFailedPrecondition(err) {
+	if err := c.DeleteContainer(ctx, "web"); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("delete running: %v", err)
+	}
+	if _, _, err := waitExport(ctx, t, c, "web", "l2"); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("export of a running container: %v", err)
 	}
 	if err := c.KillContainer(ctx, "web", syscall.SIGKILL, true); err != nil {
 		t.Fatal(err)
@@ -129,16 +132,16 @@ func TestClientContainer(t *testing.T) {
 	if err := c.KillContainer(ctx, "web", syscall.SIGKILL, false); !errdefs.IsNotFound(err) {
 		t.Fatalf("kill stopped: %v", err)
 	}
-	// Flushing, then deleting, a stopped container reports its layer
-	// changed (a directory root has no write count).
-	if changed, err := c.FlushContainer(ctx, "web"); err != nil || !changed {
-		t.Fatalf("flush: %v %v", changed, err)
+	// A stopped container's layer comes back (a directory root has no
+	// write count: it always changed), then the container is deleted.
+	if changed, entries, err := waitExport(ctx, t, c, "web", "l3"); err != nil || !changed || entries == 0 {
+		t.Fatalf("export: %v %d %v", changed, entries, err)
 	}
-	if changed, err := c.DeleteContainer(ctx, "web"); err != nil || !changed {
-		t.Fatalf("delete: %v %v", changed, err)
+	if err := c.DeleteContainer(ctx, "web"); err != nil {
+		t.Fatalf("delete: %v", err)
 	}
-	if _, err := c.FlushContainer(ctx, "web"); !errdefs.IsNotFound(err) {
-		t.Fatalf("flush after delete: %v", err)
+	if _, _, err := waitExport(ctx, t, c, "web", "l4"); !errdefs.IsNotFound(err) {
+		t.Fatalf("export after delete: %v", err)
 	}
 	if _, err := c.ContainerStats(ctx, "web"); !errdefs.IsNotFound(err) {
 		t.Fatalf("stats after delete: %v", err)
@@ -167,7 +170,7 @@ func TestClientContainerTerminal(t *testing.T) {
 	if st, err := init.Wait(ctx); err != nil || st.Code != 0 || !strings.Contains(out.String(), "33 77") {
 		t.Fatalf("terminal: %+v %v %q", st, err, out.String())
 	}
-	if _, err := c.DeleteContainer(ctx, "tty"); err != nil {
+	if err := c.DeleteContainer(ctx, "tty"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -224,7 +227,7 @@ func TestClientOOMEvent(t *testing.T) {
 	if _, err := c.NextEvent(cctx); err == nil {
 		t.Fatal("poll without events returned nothing")
 	}
-	if _, err := c.DeleteContainer(ctx, "hog"); err != nil {
+	if err := c.DeleteContainer(ctx, "hog"); err != nil {
 		t.Fatal(err)
 	}
 }

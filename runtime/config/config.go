@@ -31,6 +31,8 @@ type Config struct {
 	Guest Guest `toml:"guest"`
 	// Runtime holds host paths and time limits.
 	Runtime Runtime `toml:"runtime"`
+	// Rootfs bounds what comes back from containers' root filesystems.
+	Rootfs Rootfs `toml:"rootfs"`
 }
 
 // Hypervisor configures the VMM and the guest's shape.
@@ -73,6 +75,27 @@ type Runtime struct {
 	// ConsoleLogBytes caps each sandbox's console.log.
 	ConsoleLogBytes int64 `toml:"console_log_bytes"`
 }
+
+// Rootfs bounds the copy back of a container's writes: when its task is
+// deleted the guest streams its writable layer to the host as a layer
+// diff (docs/rootfs.md, docs/security.md).
+type Rootfs struct {
+	// CopyBackMaxBytes bounds the diff of one container; a larger one is
+	// refused whole and the container's writes are lost, said in the
+	// shim's log.
+	CopyBackMaxBytes int64 `toml:"copy_back_max_bytes"`
+	// CopyBackTimeout bounds one copy back, from the request to the
+	// guest to the last entry applied, so that a slow or endless stream
+	// cannot hold a delete.
+	CopyBackTimeout Duration `toml:"copy_back_timeout"`
+	// CopyBackBytesPerSecond caps how fast the host reads a diff (the
+	// disk bandwidth one container's copy back takes); 0 is no cap.
+	CopyBackBytesPerSecond int64 `toml:"copy_back_bytes_per_second"`
+}
+
+// MinCopyBackMaxBytes is the smallest copy back bound: a container's root
+// directory alone takes a few KiB of tar headers.
+const MinCopyBackMaxBytes = 1 << 20
 
 // Duration is a time.Duration written as "30s" in TOML.
 type Duration struct{ time.Duration }
@@ -118,6 +141,12 @@ func Default() Config {
 			StartTimeout:    Duration{30 * time.Second},
 			StopTimeout:     Duration{5 * time.Second},
 			ConsoleLogBytes: 1 << 20,
+		},
+		Rootfs: Rootfs{
+			// A full default scratch disk (10 GiB) and its tar headers,
+			// at about 40 MB/s.
+			CopyBackMaxBytes: 11 << 30,
+			CopyBackTimeout:  Duration{5 * time.Minute},
 		},
 	}
 }
@@ -232,6 +261,21 @@ func (c Config) Validate() error {
 	}
 	if c.Runtime.ConsoleLogBytes < 4096 {
 		bad("runtime.console_log_bytes = %d: want at least 4096", c.Runtime.ConsoleLogBytes)
+	}
+	r := c.Rootfs
+	if r.CopyBackMaxBytes < MinCopyBackMaxBytes {
+		bad("rootfs.copy_back_max_bytes = %d: want at least %d", r.CopyBackMaxBytes, MinCopyBackMaxBytes)
+	}
+	if r.CopyBackTimeout.Duration < time.Second {
+		bad("rootfs.copy_back_timeout = %v: want at least 1s", r.CopyBackTimeout.Duration)
+	}
+	if r.CopyBackBytesPerSecond < 0 {
+		bad("rootfs.copy_back_bytes_per_second = %d: want 0 (no cap) or more", r.CopyBackBytesPerSecond)
+	} else if r.CopyBackBytesPerSecond > 0 && r.CopyBackMaxBytes > 0 {
+		if need := time.Duration(float64(r.CopyBackMaxBytes) / float64(r.CopyBackBytesPerSecond) * float64(time.Second)); need > r.CopyBackTimeout.Duration {
+			bad("rootfs.copy_back_bytes_per_second = %d: a diff of rootfs.copy_back_max_bytes takes %v at that rate, longer than rootfs.copy_back_timeout (%v)",
+				r.CopyBackBytesPerSecond, need.Round(time.Second), r.CopyBackTimeout.Duration)
+		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", errdefs.ErrInvalidArgument, errors.Join(errs...))

@@ -106,3 +106,28 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateCopyBack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Rootfs)
+		want string
+	}{
+		{"bound too small", func(r *Rootfs) { r.CopyBackMaxBytes = 4096 }, "rootfs.copy_back_max_bytes"},
+		{"no timeout", func(r *Rootfs) { r.CopyBackTimeout.Duration = 0 }, "rootfs.copy_back_timeout"},
+		{"negative rate", func(r *Rootfs) { r.CopyBackBytesPerSecond = -1 }, "rootfs.copy_back_bytes_per_second"},
+		// 11 GiB at 1 MiB/s takes three hours, past the 5 minutes.
+		{"rate too slow for the bound", func(r *Rootfs) { r.CopyBackBytesPerSecond = 1 << 20 }, "longer than rootfs.copy_back_timeout"},
+	} {
+		c := Default()
+		tc.set(&c.Rootfs)
+		if err := c.Validate(); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an invalid argument naming %s", tc.name, err, tc.want)
+		}
+	}
+	c := Default()
+	c.Rootfs.CopyBackBytesPerSecond = 100 << 20
+	if err := c.Validate(); err != nil {
+		t.Errorf("11 GiB at 100 MiB/s within 5 minutes: %v", err)
+	}
+}

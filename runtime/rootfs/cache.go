@@ -50,15 +50,42 @@ const keyVersion = "cocoon-layer-v1 erofs uncompressed"
 type Cache struct {
 	// dir is the cache's directory, absolute.
 	dir string
+	// copyBack bounds CopyBack; zero fields take the defaults.
+	copyBack CopyBackLimits
+}
+
+// Option adjusts a Cache when it is opened.
+type Option func(*Cache)
+
+// WithCopyBackLimits bounds what CopyBack takes from a guest; zero fields
+// keep the defaults (DefaultCopyBackMaxBytes, DefaultCopyBackTimeout, no
+// rate cap).
+func WithCopyBackLimits(l CopyBackLimits) Option {
+	return func(c *Cache) { c.copyBack = l }
+}
+
+// copyBackLimits are the limits with the defaults filled in.
+func (c *Cache) copyBackLimits() CopyBackLimits {
+	l := c.copyBack
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = DefaultCopyBackMaxBytes
+	}
+	if l.Timeout <= 0 {
+		l.Timeout = DefaultCopyBackTimeout
+	}
+	return l
 }
 
 // Open opens the cache in dir (<runtime.data_dir>/layers), creating it if
 // need be.
-func Open(dir string) (*Cache, error) {
+func Open(dir string, opts ...Option) (*Cache, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("%w: layer cache dir %q is not an absolute path", errdefs.ErrInvalidArgument, dir)
 	}
 	c := &Cache{dir: filepath.Clean(dir)}
+	for _, o := range opts {
+		o(c)
+	}
 	for _, d := range []string{c.dir, c.imagesDir(), c.refsDir(), c.locksDir(), c.tmpDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("layer cache: %w", err)
@@ -165,7 +192,7 @@ func (c *Cache) Prepare(ctx context.Context, mounts []Mount, dir string, opts ..
 	r := Rootfs{Dir: dir}
 	if !p.readOnly {
 		r.Scratch = filepath.Join(dir, ScratchFile)
-		r.Upper, r.Bind = p.upper, p.rootFrom
+		r.Upper, r.Bind, r.Lowers = p.upper, p.rootFrom, p.lowers
 		if _, err := os.Lstat(r.Scratch); err == nil {
 			return Rootfs{}, fmt.Errorf("%w: %s already exists; Release the container's rootfs first", errdefs.ErrAlreadyExists, r.Scratch)
 		}

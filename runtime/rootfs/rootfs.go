@@ -41,6 +41,10 @@ type Rootfs struct {
 	// --rootfs), onto which CopyBack applies the container's writes;
 	// empty for other roots.
 	Bind string
+	// Lowers are the host directories Layers were built from, lowest
+	// first: what CopyBack's policy looks up to tell a copy-up from a
+	// write.
+	Lowers []string
 }
 
 // ReadOnly reports whether the root has no writable layer.

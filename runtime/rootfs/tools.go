@@ -25,7 +25,6 @@ var (
 	toolMkfsErofs = tool{name: "mkfs.erofs", pkg: "erofs-utils"}
 	toolMkfsExt4  = tool{name: "mkfs.ext4", pkg: "e2fsprogs"}
 	toolCp        = tool{name: "cp", pkg: "coreutils"}
-	toolMount     = tool{name: "mount", pkg: "mount"}
 )
 
 // toolDirs are searched after PATH: containerd may start shims with a PATH
@@ -55,7 +54,7 @@ func (t tool) find() (string, error) {
 // mkfs.ext4, cp) are installed, naming the packages of those missing.
 func CheckTools() error {
 	var errs []error
-	for _, t := range []tool{toolMkfsErofs, toolMkfsExt4, toolCp, toolMount} {
+	for _, t := range []tool{toolMkfsErofs, toolMkfsExt4, toolCp} {
 		if _, err := t.find(); err != nil {
 			errs = append(errs, err)
 		}

@@ -46,9 +46,10 @@ type RootfsCache interface {
 	Prepare(ctx context.Context, mounts []rootfs.Mount, dir string, opts ...rootfs.PrepareOpt) (rootfs.Rootfs, error)
 	// Release gives back what Prepare made, once the VM no longer uses it.
 	Release(ctx context.Context, r rootfs.Rootfs) error
-	// CopyBack puts what the container wrote on its scratch disk into the
-	// host's upperdir, once the VM no longer uses the disk.
-	CopyBack(ctx context.Context, r rootfs.Rootfs) error
+	// CopyBack applies the container's writable layer, which export
+	// streams from the guest, to the host's upperdir (or directory root)
+	// through the container's policy, while the VM runs.
+	CopyBack(ctx context.Context, r rootfs.Rootfs, p rootfs.Policy, export rootfs.Exporter) (rootfs.CopyBackReport, error)
 }
 
 var _ RootfsCache = (*rootfs.Cache)(nil)
@@ -124,10 +125,12 @@ type container struct {
 	rootfs rootfs.Rootfs
 	// disks are the ids of the attached disks, in attach order.
 	disks []string
-	// changed is set when the guest said the container's writable layer
-	// changed (DeleteContainer, FlushContainer): its release copies the
-	// layer back into the host's upperdir.
-	changed bool
+	// policy is what the container's writes may put into the host's
+	// directories (rootfs.PolicyFor its spec).
+	policy rootfs.Policy
+	// copiedBack is set once the writable layer was copied back, or the
+	// copy back failed for good (copyBack).
+	copiedBack bool
 }
 
 // processID returns a new short guest process id: the agent's ids are
@@ -219,6 +222,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	if err != nil {
 		return nil, err
 	}
+	ct.policy = rootfs.PolicyFor(c.Spec)
 	cleanupCtx := context.WithoutCancel(ctx)
 	defer func() {
 		if retErr != nil {
@@ -271,7 +275,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		// A create the guest finished after ctx gave up must not keep
 		// mounts on disks about to be detached.
 		dctx, cancel := context.WithTimeout(cleanupCtx, guestUndoTimeout)
-		if _, derr := s.agent.DeleteContainer(dctx, c.ID); derr != nil && !errdefs.IsNotFound(derr) {
+		if derr := s.agent.DeleteContainer(dctx, c.ID); derr != nil && !errdefs.IsNotFound(derr) {
 			log.G(ctx).WithError(derr).Warn("undo container create in the guest")
 		}
 		cancel()
@@ -316,20 +320,6 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
-	}
-	if s.rootfs != nil && ct.changed {
-		began := time.Now()
-		err := s.rootfs.CopyBack(ctx, ct.rootfs)
-		s.copyBackNanos.Add(int64(time.Since(began)))
-		if err != nil {
-			// Not a reason to keep the container: on a host that cannot
-			// loop-mount the disk it could never be deleted. The writes
-			// are lost, and said so.
-			log.G(ctx).WithError(err).WithField("container", ct.id).Error("the container's writes could not be copied back to the host and are lost")
-		} else {
-			log.G(ctx).WithField("container", ct.id).Debug("writable layer copied back")
-		}
-		ct.changed = false
 	}
 	if s.rootfs != nil && (len(ct.rootfs.Layers) > 0 || ct.rootfs.Scratch != "") {
 		if err := s.rootfs.Release(ctx, ct.rootfs); err != nil {
@@ -434,20 +424,20 @@ func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Sign
 	return s.agent.KillContainer(ctx, id, sig, all)
 }
 
-// DeleteContainer deletes a created or stopped container in the guest,
-// then detaches its disks, copies its writable layer back into the host's
-// upperdir if it changed, and releases its rootfs.
+// DeleteContainer copies a created or stopped container's writable layer
+// back into the host's upperdir if it changed (copyBack), deletes the
+// container in the guest, then detaches its disks and releases its
+// rootfs.
 func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 	ct, done, err := s.enterBusy(id)
 	if err != nil {
 		return err
 	}
 	defer done()
-	changed, err := s.agent.DeleteContainer(ctx, id)
-	switch {
-	case err == nil:
-		ct.changed = ct.changed || changed
-	case !errdefs.IsNotFound(err):
+	if err := s.copyBack(ctx, ct); err != nil {
+		return err
+	}
+	if err := s.agent.DeleteContainer(ctx, id); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
 	attacher, _ := s.vm.(hypervisor.DiskAttacher)
@@ -459,22 +449,17 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 	return nil
 }
 
-// FlushContainer has the guest write a stopped container's writable layer
-// to its disk, for a VM that is stopped next: Stop then copies the layer
-// back into the host's upperdir if it changed, and releases the rootfs,
-// without the guest unmounting anything or the disks being detached.
+// FlushContainer copies a stopped container's writable layer back into
+// the host's upperdir if it changed (copyBack), for a VM that is stopped
+// next: Stop then releases the rootfs without the guest unmounting
+// anything or the disks being detached.
 func (s *Sandbox) FlushContainer(ctx context.Context, id string) error {
 	ct, done, err := s.enterBusy(id)
 	if err != nil {
 		return err
 	}
 	defer done()
-	changed, err := s.agent.FlushContainer(ctx, id)
-	if err != nil {
-		return err
-	}
-	ct.changed = ct.changed || changed
-	return nil
+	return s.copyBack(ctx, ct)
 }
 
 // PauseContainer freezes the container.

@@ -3,9 +3,11 @@
 package sandbox
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -94,6 +96,7 @@ func (v *diskVM) take() []string {
 var _ hypervisor.DiskAttacher = (*diskVM)(nil)
 
 // fakeCache stands in for the layer cache: one layer and a scratch file.
+// Its CopyBack reads what the guest exports, applies nothing.
 type fakeCache struct {
 	mu       sync.Mutex // guards released, copied and failCopy
 	released []string
@@ -107,7 +110,8 @@ func (c *fakeCache) Prepare(ctx context.Context, mounts []rootfs.Mount, dir stri
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return rootfs.Rootfs{}, err
 	}
-	r := rootfs.Rootfs{Dir: dir, Layers: []string{"/cache/images/base.erofs", "/cache/images/app.erofs"}, Scratch: filepath.Join(dir, rootfs.ScratchFile)}
+	r := rootfs.Rootfs{Dir: dir, Layers: []string{"/cache/images/base.erofs", "/cache/images/app.erofs"},
+		Scratch: filepath.Join(dir, rootfs.ScratchFile), Upper: filepath.Join(dir, "upper")}
 	return r, os.WriteFile(r.Scratch, []byte("ext4"), 0o600)
 }
 
@@ -118,17 +122,41 @@ func (c *fakeCache) Release(ctx context.Context, r rootfs.Rootfs) error {
 	return os.Remove(r.Scratch)
 }
 
-func (c *fakeCache) CopyBack(ctx context.Context, r rootfs.Rootfs) error {
+func (c *fakeCache) CopyBack(ctx context.Context, r rootfs.Rootfs, _ rootfs.Policy, export rootfs.Exporter) (rootfs.CopyBackReport, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var rep rootfs.CopyBackReport
 	if _, err := os.Stat(r.Scratch); err != nil {
-		return err // released before it was copied back
+		return rep, err // released before it was copied back
 	}
 	if c.failCopy {
-		return errors.New("cannot mount the scratch disk")
+		return rep, errors.New("no space left on device")
 	}
+	diff, err := export(ctx, 1<<30)
+	if err != nil {
+		return rep, err
+	}
+	defer diff.Close()
+	// The guest's layer (a directory root: the whole root) as a tar.
+	tr := tar.NewReader(diff)
+	for {
+		if _, err := tr.Next(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return rep, err
+		}
+		rep.Entries++
+	}
+	changed, _, err := diff.Wait(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if !changed || rep.Entries == 0 {
+		return rep, fmt.Errorf("the guest sent %d entries of a layer changed=%v", rep.Entries, changed)
+	}
+	rep.Changed = true
 	c.copied = append(c.copied, filepath.Base(r.Dir))
-	return nil
+	return rep, nil
 }
 
 func (c *fakeCache) copiedDirs() []string {
@@ -298,8 +326,8 @@ func TestSandboxContainer(t *testing.T) {
 }
 
 // TestSandboxFlushThenStop: a stopped container flushed before its VM
-// stops is not deleted in the guest and its disks are not detached; Stop
-// copies its changed layer back and releases its rootfs. A running
+// stops has its changed layer copied back, is not deleted in the guest
+// and its disks are not detached; Stop releases its rootfs. A running
 // container cannot be flushed.
 func TestSandboxFlushThenStop(t *testing.T) {
 	s, vm, cache := containerSandbox(t, guestagent.Config{})
@@ -323,6 +351,9 @@ func TestSandboxFlushThenStop(t *testing.T) {
 	if err := s.FlushContainer(ctx, "web"); err != nil {
 		t.Fatal(err)
 	}
+	if got := cache.copiedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
+		t.Errorf("copied back %q, want web's layer", got)
+	}
 	vm.take()
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -331,7 +362,7 @@ func TestSandboxFlushThenStop(t *testing.T) {
 		t.Errorf("stop detached disks: %q", got)
 	}
 	if got := cache.copiedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
-		t.Errorf("copied back %q, want web's layer", got)
+		t.Errorf("copied back %q after the stop, want web's layer once", got)
 	}
 	if got := cache.releasedDirs(); !reflect.DeepEqual(got, []string{"web"}) {
 		t.Errorf("released %q", got)

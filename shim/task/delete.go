@@ -33,16 +33,9 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 			return nil, err
 		}
 	}
-	copied := time.Duration(0)
-	if t.sb != nil {
-		copied = t.sb.CopyBackTime()
-	}
+	// The copy back of a writable layer, before this, is the shim's own
+	// work: it reads the guest's diff and applies it on the host.
 	clock.vm = s.release(ctx, t, vm)
-	if t.sb != nil {
-		// The VM's stop copies the last container's layer back: the
-		// shim's own work.
-		clock.vm -= t.sb.CopyBackTime() - copied
-	}
 	if r.ExecID == "" {
 		s.mu.Lock()
 		clock.addLocked(t.c)
@@ -56,12 +49,13 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 // commitLastDelete commits the delete of the sandbox's last container at
 // once, when its processes have all exited and no other container is
 // being created: the VM it returns is stopped next, and the container,
-// its disks and anything left in the guest go with it. The guest only
-// writes the container's writable layer out first, for the sandbox to
-// copy it back to the host. Removing the container from the guest (the
-// runtime's delete, unmounts and disk unplugs) would take a third of a
-// second under TCG for a guest that is about to end. last is false, and
-// nothing is done but the flush, in every other case.
+// its disks and anything left in the guest go with it. Only the
+// container's writable layer is taken back to the host first
+// (FlushContainer: the guest streams it, the shim applies it). Removing
+// the container from the guest (the runtime's delete, unmounts and disk
+// unplugs) would take a third of a second under TCG for a guest that is
+// about to end. last is false, and nothing is done but the copy back, in
+// every other case.
 func (s *Service) commitLastDelete(ctx context.Context, t target) (exitStatus, *vmSlot, bool, error) {
 	if t.p.execID != "" || t.sb == nil {
 		return exitStatus{}, nil, false, nil

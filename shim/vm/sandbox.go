@@ -35,7 +35,11 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	layers, err := rootfs.Open(filepath.Join(cfg.Runtime.DataDir, rootfs.CacheDirName))
+	layers, err := rootfs.Open(filepath.Join(cfg.Runtime.DataDir, rootfs.CacheDirName), rootfs.WithCopyBackLimits(rootfs.CopyBackLimits{
+		MaxBytes:       cfg.Rootfs.CopyBackMaxBytes,
+		Timeout:        cfg.Rootfs.CopyBackTimeout.Duration,
+		BytesPerSecond: cfg.Rootfs.CopyBackBytesPerSecond,
+	}))
 	if err != nil {
 		return nil, err
 	}

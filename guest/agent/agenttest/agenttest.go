@@ -120,7 +120,8 @@ func Config(t testing.TB, cfg agent.Config) agent.Config {
 // a busybox root directory in the container's directory.
 type DirRootfs struct{}
 
-// Assemble makes dir/rootfs. It keeps no count of writes, so that, like a
+// Assemble makes dir/rootfs, which is also the writable layer that
+// ExportLayer hands back. It keeps no count of writes, so that, like a
 // scratch disk without one, it always reports its layer changed.
 func (DirRootfs) Assemble(ctx context.Context, dir string, _ *api.Rootfs) (*agent.Mounted, error) {
 	root := filepath.Join(dir, "rootfs")
@@ -130,6 +131,7 @@ func (DirRootfs) Assemble(ctx context.Context, dir string, _ *api.Rootfs) (*agen
 	return &agent.Mounted{
 		Root:    root,
 		Release: func(context.Context) error { return nil },
+		Upper:   root,
 		Changed: func() (bool, error) { return true, nil },
 	}, nil
 }
