@@ -19,17 +19,24 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fs
 	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
 	python3 libseccomp-dev libcap-dev
 
-.PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean
+.PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean FORCE
 
 all: build
 
 build: bin/cocoon bin/cocoon-agent bin/containerd-shim-cocoon-v2
 
-# -buildvcs=false: the version comes from VERSION, so a binary does not
-# depend on whether the tree is a git clone or an archive of one.
 # Every package's sources: Go's own caching makes rebuilding cheap, so
-# binaries are rebuilt whenever anything under the tree changes.
-GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum
+# binaries are rebuilt whenever anything under the tree changes, and when
+# VERSION does (build/.version changes with it: a commit that touches no Go
+# file still gives binaries of the new version). -buildvcs=false: the version
+# is VERSION, so a binary does not depend on whether the tree it is built
+# from is a git clone or an archive of one.
+VERSION_STAMP := build/.version
+GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' 2>/dev/null) go.mod go.sum $(VERSION_STAMP)
+
+$(VERSION_STAMP): FORCE
+	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = '$(VERSION)' ] || echo '$(VERSION)' > $@
+FORCE:
 
 bin/cocoon: $(GO_SOURCES)
 	$(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $@ ./cmd/cocoon
