@@ -13,13 +13,14 @@ AGENT_LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/guest/agent.Version=$(VERSI
 # side of the benchmarks and tests, crun for the agent tests on cgroup v2 hosts;
 # the guest's crun is built static from Debian's source by guest/image/crun.sh,
 # whose build runs python3). The scripts under guest/image install nothing:
-# a package missing here fails the build with its name.
+# a package missing here fails the build with its name, and `make check-fresh`
+# builds in a root that has only these.
 DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fsprogs cpio lz4 zstd \
 	busybox-static iproute2 kmod util-linux procps psmisc git make gcc libc6-dev binutils bc flex bison \
 	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
 	python3 libseccomp-dev libcap-dev
 
-.PHONY: all build guest install deps demo test test-deps test-unit test-integration bench proto clean FORCE
+.PHONY: all build guest install deps demo test test-deps test-unit test-integration check-fresh bench proto clean FORCE
 
 all: build
 
@@ -110,6 +111,13 @@ test-unit:
 test-integration:
 	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) COCOON_BIN=$(CURDIR)/bin \
 		$(GO) test -count=1 -timeout 40m -v ./integration/...
+
+# Builds the binaries and the guest image in a fresh, minimal Debian 12 root
+# (mmdebstrap --variant=apt, cached) from what `make deps` installs and
+# nothing else, and compares the image with this tree's (which it builds
+# first): .ci/fresh-root.sh.
+check-fresh:
+	bash .ci/fresh-root.sh
 
 # Boot and memory through the runtime API, then start, exec, stdout and
 # memory through a private containerd 1.6 (io.containerd.cocoon.v2 with
