@@ -67,7 +67,23 @@ func TestRealQEMU(t *testing.T) {
 	}
 	expectEvent(t, events, EventResume)
 
+	// A descriptor handed over with getfd is held under its name until
+	// closefd; the second closefd finds nothing.
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendFile(ctx, "probe", f); err != nil {
+		t.Fatalf("SendFile: %v", err)
+	}
+	f.Close()
+	if err := c.CloseFile(ctx, "probe"); err != nil {
+		t.Fatalf("CloseFile: %v", err)
+	}
 	var qe *Error
+	if err := c.CloseFile(ctx, "probe"); !errors.As(err, &qe) {
+		t.Fatalf("second CloseFile = %v, want a qmp error", err)
+	}
 	if err := c.Execute(ctx, "no-such-command", nil, nil); !errors.As(err, &qe) || qe.Class != "CommandNotFound" {
 		t.Fatalf("unknown command: %v", err)
 	}

@@ -17,6 +17,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // DefaultMaxLineBytes bounds one QMP message. The largest reply the product
@@ -219,6 +221,12 @@ func (c *Client) Subscribe(size int) (events <-chan Event, cancel func()) {
 // *Error. If ctx ends first, Execute returns ctx's error; QEMU may still
 // carry the command out.
 func (c *Client) Execute(ctx context.Context, cmd string, args any, result any) error {
+	return c.execute(ctx, cmd, args, result, nil)
+}
+
+// execute is Execute sending oob (SCM_RIGHTS ancillary data, or nil) with
+// the request's bytes.
+func (c *Client) execute(ctx context.Context, cmd string, args any, result any, oob []byte) error {
 	req := struct {
 		Execute   string `json:"execute"`
 		Arguments any    `json:"arguments,omitempty"`
@@ -246,7 +254,7 @@ func (c *Client) Execute(ctx context.Context, cmd string, args any, result any) 
 	if err != nil {
 		return fmt.Errorf("qmp %s: encode arguments: %w", cmd, err)
 	}
-	if err := c.write(ctx, append(msg, '\n')); err != nil {
+	if err := c.write(ctx, append(msg, '\n'), oob); err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 
@@ -266,17 +274,31 @@ func (c *Client) Execute(ctx context.Context, cmd string, args any, result any) 
 	}
 }
 
-// write sends one message. A write cut short by ctx leaves a partial
-// message on the wire, after which the stream cannot be trusted, so the
-// connection is ended.
-func (c *Client) write(ctx context.Context, msg []byte) error {
+// write sends one message, with oob (ancillary data) on its first bytes
+// if given. A write cut short by ctx leaves a partial message on the wire,
+// after which the stream cannot be trusted, so the connection is ended.
+func (c *Client) write(ctx context.Context, msg, oob []byte) error {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	var uc *net.UnixConn
+	if oob != nil {
+		var ok bool
+		if uc, ok = c.conn.(*net.UnixConn); !ok {
+			// Checked before anything is written, so the stream
+			// stays whole.
+			return fmt.Errorf("%w: passing a file descriptor needs a unix socket, not %T", errdefs.ErrNotImplemented, c.conn)
+		}
+	}
 	stop := context.AfterFunc(ctx, func() { c.conn.SetWriteDeadline(time.Unix(1, 0)) })
-	_, err := c.conn.Write(msg)
+	var err error
+	if uc != nil {
+		err = writeWithRights(uc, msg, oob)
+	} else {
+		_, err = c.conn.Write(msg)
+	}
 	if !stop() {
 		c.shutdown(fmt.Errorf("%w: write interrupted: %v", ErrClosed, ctx.Err()))
 		return ctx.Err()
