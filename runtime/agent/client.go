@@ -103,7 +103,11 @@ func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{sess: sess, control: control}
-	c.rpc = ttrpc.NewClient(control, ttrpc.WithUnaryClientInterceptor(c.account))
+	// A control stream that fails (the guest reset it, or sent what
+	// ttrpc cannot read) leaves no agent to talk to: the session ends
+	// with it, so that Done tells.
+	c.rpc = ttrpc.NewClient(control, ttrpc.WithUnaryClientInterceptor(c.account),
+		ttrpc.WithOnClose(func() { _ = sess.Close() }))
 	c.agent = api.NewAgentClient(c.rpc)
 	go c.refuseGuestStreams(ctx)
 	return c, nil
@@ -157,7 +161,8 @@ func (c *Client) mapErr(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) || c.sess.IsClosed() {
+	if errors.Is(err, ttrpc.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) ||
+		errors.Is(err, yamux.ErrStreamClosed) || errors.Is(err, yamux.ErrSessionShutdown) || c.sess.IsClosed() {
 		return fmt.Errorf("%s: agent connection closed: %w", op, errdefs.ErrUnavailable)
 	}
 	if malformedReply(err) {

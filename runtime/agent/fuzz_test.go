@@ -344,3 +344,34 @@ func TestGuestReplyBounds(t *testing.T) {
 		t.Errorf("a 1 MiB error message: %d bytes, %v", len(err.Error()), errdefs.IsNotFound(err))
 	}
 }
+
+// TestControlStreamResetEndsSession: a guest that resets the control
+// stream (a yamux window update with ACK and RST on stream 1) leaves no
+// agent: the call in flight is unavailable, and the session ends, so
+// that Done tells whoever watches it.
+func TestControlStreamResetEndsSession(t *testing.T) {
+	host, guest := net.Pipe()
+	defer guest.Close()
+	go func() {
+		// The control stream's SYN and its header (two frames), then
+		// the reset.
+		if _, err := io.ReadFull(guest, make([]byte, 12+12+6)); err != nil {
+			return
+		}
+		_, _ = guest.Write([]byte("\x00\x01\x00\x0a\x00\x00\x00\x01\x00\x00\x00\x00"))
+		_, _ = io.Copy(io.Discard, guest)
+	}()
+	c, err := Connect(context.Background(), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Ping(testCtx(t, 5*time.Second)); !errdefs.IsUnavailable(err) {
+		t.Errorf("ping on a reset control stream: %v, want unavailable", err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session outlived its control stream")
+	}
+}
