@@ -46,12 +46,21 @@ type Client struct {
 	// guestNanos is the time spent in calls the guest works on (see
 	// GuestTime).
 	guestNanos atomic.Int64
+	// bound is the limit on working calls (SetCallTimeout); nil: none.
+	bound atomic.Pointer[callBound]
+}
+
+// callBound is a limit on the calls the guest works on, and what to do
+// when the guest misses it.
+type callBound struct {
+	timeout time.Duration
+	missed  func(method string)
 }
 
 // waitingMethods are the calls that wait for something to happen in the
 // guest rather than work on a request: they do not count as guest time.
-// ExportLayer lasts as long as the layer takes to stream; its caller
-// bounds it, and counts it as the copy back's time.
+// ExportLayer lasts as long as the layer takes to stream: its caller
+// bounds it, and ExportLayer counts its time itself.
 var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true, "ExportLayer": true}
 
 // account adds the duration of each call but the waiting ones to the
@@ -60,10 +69,40 @@ func (c *Client) account(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Re
 	if waitingMethods[req.Method] {
 		return invoke(ctx, req, resp)
 	}
+	var expired func() bool
+	if b := c.bound.Load(); b != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, b.timeout, errGuestTimeout)
+		defer cancel()
+		expired = func() bool { return errors.Is(context.Cause(ctx), errGuestTimeout) }
+	}
 	start := time.Now()
 	err := invoke(ctx, req, resp)
 	c.guestNanos.Add(int64(time.Since(start)))
+	if err != nil && expired != nil && expired() {
+		b := c.bound.Load()
+		if b != nil && b.missed != nil {
+			b.missed(req.Method)
+		}
+		return fmt.Errorf("the guest agent did not answer within %v: %w: %w", b.timeout, errGuestTimeout, context.DeadlineExceeded)
+	}
 	return err
+}
+
+// errGuestTimeout is the cause of a call that SetCallTimeout's limit
+// ended.
+var errGuestTimeout = errors.New("guest agent timeout")
+
+// SetCallTimeout bounds every call the guest works on to d (the waits for
+// exits and events are not bounded), and calls missed with the method's
+// name when the guest fails to answer one in time, from the goroutine
+// that made the call. d <= 0 removes the bound.
+func (c *Client) SetCallTimeout(d time.Duration, missed func(method string)) {
+	if d <= 0 {
+		c.bound.Store(nil)
+		return
+	}
+	c.bound.Store(&callBound{timeout: d, missed: missed})
 }
 
 // GuestTime is the time spent so far in calls the guest works on, from

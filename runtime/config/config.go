@@ -72,6 +72,10 @@ type Runtime struct {
 	StartTimeout Duration `toml:"start_timeout"`
 	// StopTimeout bounds how long QEMU has to quit before it is killed.
 	StopTimeout Duration `toml:"stop_timeout"`
+	// AgentTimeout bounds each call the guest agent works on (not the
+	// waits for exits and events) once the sandbox is ready. A guest that
+	// does not answer in time is declared dead and its VM ended.
+	AgentTimeout Duration `toml:"agent_timeout"`
 	// ConsoleLogBytes caps each sandbox's console.log.
 	ConsoleLogBytes int64 `toml:"console_log_bytes"`
 }
@@ -138,8 +142,11 @@ func Default() Config {
 			DataDir:  "/var/lib/cocoon",
 			// Generous: a cold boot under TCG on a loaded 2-core host
 			// takes seconds; under KVM it is a fraction of one.
-			StartTimeout:    Duration{30 * time.Second},
-			StopTimeout:     Duration{5 * time.Second},
+			StartTimeout: Duration{30 * time.Second},
+			StopTimeout:  Duration{5 * time.Second},
+			// A working call takes well under a second even under TCG;
+			// a minute without an answer is a guest that is gone.
+			AgentTimeout:    Duration{60 * time.Second},
 			ConsoleLogBytes: 1 << 20,
 		},
 		Rootfs: Rootfs{
@@ -167,6 +174,9 @@ var envOverrides = [...]struct {
 	{"COCOON_DATA_DIR", "runtime.data_dir", func(c *Config, v string) error { c.Runtime.DataDir = v; return nil }},
 	{"COCOON_START_TIMEOUT", "runtime.start_timeout", func(c *Config, v string) error {
 		return c.Runtime.StartTimeout.UnmarshalText([]byte(v))
+	}},
+	{"COCOON_AGENT_TIMEOUT", "runtime.agent_timeout", func(c *Config, v string) error {
+		return c.Runtime.AgentTimeout.UnmarshalText([]byte(v))
 	}},
 	{"COCOON_VCPUS", "hypervisor.vcpus", func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -258,6 +268,9 @@ func (c Config) Validate() error {
 	}
 	if c.Runtime.StopTimeout.Duration <= 0 {
 		bad("runtime.stop_timeout must be positive")
+	}
+	if c.Runtime.AgentTimeout.Duration < time.Second {
+		bad("runtime.agent_timeout = %v: want at least 1s", c.Runtime.AgentTimeout.Duration)
 	}
 	if c.Runtime.ConsoleLogBytes < 4096 {
 		bad("runtime.console_log_bytes = %d: want at least 4096", c.Runtime.ConsoleLogBytes)

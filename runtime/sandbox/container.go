@@ -28,13 +28,9 @@ import (
 // tmpfs of the state directory, as it holds what the container writes.
 const ContainersDirName = "containers"
 
-// eventBuffer is how many events Events holds for a slow reader before
-// the sandbox stops asking the guest for more (the guest then queues
-// them, bounded).
-const eventBuffer = 64
-
-// eventRetry paces NextEvent after an unexpected error.
-const eventRetry = time.Second
+// deathGrace is how long a call that lost the agent session waits to
+// learn that the sandbox died.
+const deathGrace = time.Second
 
 // guestUndoTimeout bounds the guest-side undo of a failed create.
 const guestUndoTimeout = 10 * time.Second
@@ -68,29 +64,6 @@ type ContainerSpec struct {
 	// Stdout and Stderr, if set, receive the init's output. With a
 	// terminal the output is on Stdout and Stderr is not used.
 	Stdout, Stderr io.Writer
-}
-
-// EventKind says what happened to a container.
-type EventKind int
-
-const (
-	// EventOOM: the guest kernel OOM-killed a process of the container.
-	EventOOM EventKind = iota + 1
-)
-
-func (k EventKind) String() string {
-	if k == EventOOM {
-		return "oom"
-	}
-	return fmt.Sprintf("event(%d)", int(k))
-}
-
-// Event is something that happened to a container in the guest.
-type Event struct {
-	Kind        EventKind
-	ContainerID string
-	// OOMKills is the container's count of OOM kills so far (EventOOM).
-	OOMKills uint64
 }
 
 // containers is the sandbox's bookkeeping of its containers. The zero
@@ -206,6 +179,9 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		return nil, err
 	}
 	defer leave()
+	if err := s.life.require("create container "+c.ID, PhaseReady); err != nil {
+		return nil, err
+	}
 	guest, err := oci.GuestSpec(c.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
@@ -333,11 +309,19 @@ func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttache
 	return nil
 }
 
-// enter admits a call on container id (see callGate); the caller runs
-// leave when it is done.
-func (s *Sandbox) enter(id string) (*container, func(), error) {
+// enter admits a call that does what on container id (see callGate) in a
+// sandbox in one of the phases ok (PhaseReady if none are given); the
+// caller runs leave when it is done.
+func (s *Sandbox) enter(id, what string, ok ...Phase) (*container, func(), error) {
 	leave, err := s.calls.enter("container " + id)
 	if err != nil {
+		return nil, nil, err
+	}
+	if len(ok) == 0 {
+		ok = []Phase{PhaseReady}
+	}
+	if err := s.life.require(what+" container "+id, ok...); err != nil {
+		leave()
 		return nil, nil, err
 	}
 	ct, err := s.containers.get(id)
@@ -348,14 +332,38 @@ func (s *Sandbox) enter(id string) (*container, func(), error) {
 	return ct, leave, nil
 }
 
+// dead reports whether the sandbox's VM is gone while it is not being
+// stopped: the calls that must still succeed then (delete, flush, kill)
+// do without the guest.
+func (s *Sandbox) dead() bool {
+	p, _ := s.life.current()
+	return p == PhaseDead
+}
+
+// diedMeanwhile reports whether a call that found the agent session gone
+// did so because the sandbox died: the session's end and the watch that
+// declares the sandbox dead are one event seen from two goroutines, so
+// it waits a moment for the second.
+func (s *Sandbox) diedMeanwhile(ctx context.Context) bool {
+	t := time.NewTimer(deathGrace)
+	defer t.Stop()
+	select {
+	case <-s.life.dead:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return s.dead()
+}
+
 // CopyBackTime is the time spent so far copying containers' writable
 // layers back to the host, which Stop can include.
 func (s *Sandbox) CopyBackTime() time.Duration { return time.Duration(s.copyBackNanos.Load()) }
 
 // enterBusy is enter, with the container marked busy until done: no other
 // delete or flush, and Stop leaves it to this call.
-func (s *Sandbox) enterBusy(id string) (_ *container, done func(), _ error) {
-	ct, leave, err := s.enter(id)
+func (s *Sandbox) enterBusy(id, what string) (_ *container, done func(), _ error) {
+	ct, leave, err := s.enter(id, what, PhaseReady, PhaseDead)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -371,7 +379,7 @@ func (s *Sandbox) enterBusy(id string) (_ *container, done func(), _ error) {
 
 // StartContainer starts the container's init.
 func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "start")
 	if err != nil {
 		return err
 	}
@@ -379,68 +387,54 @@ func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
 	return s.agent.StartContainer(ctx, id)
 }
 
-// ExecProcess runs p in the container; execID is containerd's exec id.
-// The process's stdio is wired as in CreateContainer.
-func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (*agent.Process, error) {
-	_, leave, err := s.enter(containerID)
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	gp, err := oci.GuestProcess(p)
-	if err != nil {
-		return nil, fmt.Errorf("exec %s in container %s: %w", execID, containerID, err)
-	}
-	data, err := json.Marshal(gp)
-	if err != nil {
-		return nil, err
-	}
-	if gp.Terminal {
-		stderr = nil
-	}
-	proc, err := s.agent.ExecProcess(ctx, agent.ExecCreate{
-		ContainerID: containerID,
-		ProcessID:   s.containers.processID(),
-		Process:     data,
-		Stdin:       stdin,
-		Stdout:      stdout,
-		Stderr:      stderr,
-	})
-	if err != nil {
-		return nil, err
-	}
-	log.G(ctx).WithField("container", containerID).WithField("exec", execID).WithField("process", proc.ID()).Debug("exec started")
-	return proc, nil
-}
-
 // KillContainer signals the container's init, or with all every process
 // of the container. A stopped container is errdefs.ErrNotFound.
 func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "signal", PhaseReady, PhaseDead)
 	if err != nil {
 		return err
 	}
 	defer leave()
-	return s.agent.KillContainer(ctx, id, sig, all)
+	err = errdefs.ErrUnavailable
+	if !s.dead() {
+		err = s.agent.KillContainer(ctx, id, sig, all)
+	}
+	if errdefs.IsUnavailable(err) && s.diedMeanwhile(ctx) {
+		// containerd and CRI take NotFound as "already gone".
+		return fmt.Errorf("signal container %s: its processes ended with the sandbox's VM: %w", id, errdefs.ErrNotFound)
+	}
+	return err
 }
 
 // DeleteContainer copies a created or stopped container's writable layer
 // back into the host's upperdir if it changed (copyBack), deletes the
 // container in the guest, then detaches its disks and releases its
 // rootfs.
+//
+// In a dead sandbox only the host's side is released: the guest and its
+// disks are gone, and so are the container's unsynced writes.
 func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
-	ct, done, err := s.enterBusy(id)
+	ct, done, err := s.enterBusy(id, "delete")
 	if err != nil {
 		return err
 	}
 	defer done()
-	if err := s.copyBack(ctx, ct); err != nil {
-		return err
-	}
-	if err := s.agent.DeleteContainer(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-		return err
-	}
 	attacher, _ := s.vm.(hypervisor.DiskAttacher)
+	if s.dead() {
+		ct.disks, attacher = nil, nil
+	} else {
+		if err := s.copyBack(ctx, ct); err != nil {
+			return err
+		}
+		err := s.agent.DeleteContainer(ctx, id)
+		switch {
+		case err == nil:
+		case errdefs.IsUnavailable(err) && s.diedMeanwhile(ctx):
+			ct.disks, attacher = nil, nil
+		case !errdefs.IsNotFound(err):
+			return err
+		}
+	}
 	if err := s.releaseContainer(ctx, attacher, ct); err != nil {
 		return fmt.Errorf("container %s: %w", id, err)
 	}
@@ -453,18 +447,24 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 // the host's upperdir if it changed (copyBack), for a VM that is stopped
 // next: Stop then releases the rootfs without the guest unmounting
 // anything or the disks being detached.
+//
+// In a dead sandbox there is nothing to flush: the call succeeds, and
+// Stop releases the container.
 func (s *Sandbox) FlushContainer(ctx context.Context, id string) error {
-	ct, done, err := s.enterBusy(id)
+	ct, done, err := s.enterBusy(id, "flush")
 	if err != nil {
 		return err
 	}
 	defer done()
+	if s.dead() {
+		return nil
+	}
 	return s.copyBack(ctx, ct)
 }
 
 // PauseContainer freezes the container.
 func (s *Sandbox) PauseContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "pause")
 	if err != nil {
 		return err
 	}
@@ -474,7 +474,7 @@ func (s *Sandbox) PauseContainer(ctx context.Context, id string) error {
 
 // ResumeContainer thaws the container.
 func (s *Sandbox) ResumeContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "resume")
 	if err != nil {
 		return err
 	}
@@ -484,7 +484,7 @@ func (s *Sandbox) ResumeContainer(ctx context.Context, id string) error {
 
 // UpdateContainer applies new resource limits to the container.
 func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "update")
 	if err != nil {
 		return err
 	}
@@ -501,7 +501,7 @@ func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.Linux
 
 // ContainerStats returns the container's cgroup v2 statistics.
 func (s *Sandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error) {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "read the statistics of")
 	if err != nil {
 		return nil, err
 	}
@@ -511,75 +511,12 @@ func (s *Sandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stat
 
 // ContainerPids lists the guest pids of the container's processes.
 func (s *Sandbox) ContainerPids(ctx context.Context, id string) ([]uint32, error) {
-	_, leave, err := s.enter(id)
+	_, leave, err := s.enter(id, "list the processes of")
 	if err != nil {
 		return nil, err
 	}
 	defer leave()
 	return s.agent.ContainerPids(ctx, id)
-}
-
-// Events returns the containers' events (OOM kills). The first call
-// starts asking the guest for them; the channel is closed when the
-// sandbox stops. Every call returns the same channel.
-func (s *Sandbox) Events() <-chan Event {
-	c := &s.containers
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.events != nil {
-		return c.events
-	}
-	c.events = make(chan Event, eventBuffer)
-	if c.closed || s.agent == nil {
-		close(c.events)
-		return c.events
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ctx = log.WithLogger(ctx, log.L.WithField("sandbox", s.ID))
-	c.stopLoop, c.loopDone = cancel, make(chan struct{})
-	go s.eventLoop(ctx, c.events, c.loopDone)
-	return c.events
-}
-
-// eventLoop keeps one NextEvent call in flight and forwards what it gets,
-// until ctx ends or the agent session does.
-func (s *Sandbox) eventLoop(ctx context.Context, events chan<- Event, done chan<- struct{}) {
-	defer close(done)
-	defer close(events)
-	for {
-		e, err := s.agent.NextEvent(ctx)
-		if err != nil {
-			if ctx.Err() != nil || errdefs.IsUnavailable(err) {
-				return
-			}
-			if errdefs.IsNotImplemented(err) {
-				log.G(ctx).WithError(err).Warn("guest agent sends no events; OOM kills are not reported")
-				return
-			}
-			log.G(ctx).WithError(err).Warn("guest events")
-			t := time.NewTimer(eventRetry)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			continue
-		}
-		var ev Event
-		switch e.Kind {
-		case agent.EventOOM:
-			ev = Event{Kind: EventOOM, ContainerID: e.ContainerID, OOMKills: e.OOMKills}
-		default:
-			log.G(ctx).WithField("container", e.ContainerID).Debug("unknown guest event dropped")
-			continue
-		}
-		select {
-		case events <- ev:
-		case <-ctx.Done():
-			return
-		}
-	}
 }
 
 // closeContainers ends the event loop and gives back the rootfs of every

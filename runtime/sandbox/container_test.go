@@ -219,6 +219,7 @@ func containerSandbox(t *testing.T, gcfg guestagent.Config) (*Sandbox, *diskVM, 
 		Namespace: "test", ID: "sb", Dir: filepath.Join(dir, "state"),
 		vm: vm, agent: client, stopTimeout: time.Second,
 		rootfs: cache, containersDir: filepath.Join(dir, "data", "containers", "test", "sb"),
+		life: newLifecycle(PhaseReady), watchDone: closedChan(), stopped: make(chan struct{}),
 	}
 	t.Cleanup(func() { _ = s.teardown(context.Background()) })
 	return s, vm, cache
@@ -488,7 +489,7 @@ func TestSandboxEvents(t *testing.T) {
 }
 
 func TestEventsOfStoppedSandbox(t *testing.T) {
-	s := &Sandbox{}
+	s := &Sandbox{life: newLifecycle(PhaseReady), watchDone: closedChan(), stopped: make(chan struct{})}
 	if err := s.closeContainers(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -498,4 +499,12 @@ func TestEventsOfStoppedSandbox(t *testing.T) {
 	if _, err := s.CreateContainer(context.Background(), ContainerSpec{ID: "x"}); err == nil {
 		t.Fatal("create without a spec")
 	}
+}
+
+// closedChan is a closed channel: the watch of a sandbox that tests made
+// by hand, which has none.
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }

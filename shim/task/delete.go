@@ -33,8 +33,8 @@ func (s *Service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 			return nil, err
 		}
 	}
-	// The copy back of a writable layer, before this, is the shim's own
-	// work: it reads the guest's diff and applies it on the host.
+	// A copy back of the writable layer, before this, counts as guest
+	// time: the guest syncs, reads and sends it while the shim applies it.
 	clock.vm = s.release(ctx, t, vm)
 	if r.ExecID == "" {
 		s.mu.Lock()
