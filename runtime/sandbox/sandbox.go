@@ -359,7 +359,14 @@ func (s *Sandbox) watch(ctx context.Context) {
 	case <-s.vm.Exited():
 		cause = s.vmEndCause()
 	case <-s.agent.Done():
-		cause = errors.New("the guest agent's session ended (the guest closed it or sent what the host could not read)")
+		// A VMM that exits closes the session too, often first: its exit
+		// says more.
+		select {
+		case <-s.vm.Exited():
+			cause = s.vmEndCause()
+		case <-time.After(exitGrace):
+			cause = errors.New("the guest agent's session ended (the guest closed it or sent what the host could not read)")
+		}
 	}
 	s.die(ctx, cause)
 }
