@@ -9,6 +9,7 @@ package hypervisor
 import (
 	"context"
 	"errors"
+	"os"
 
 	"github.com/cocoonrt/cocoon/runtime/channel"
 )
@@ -39,6 +40,67 @@ type Spec struct {
 	Channel channel.Kind
 	// ConsoleLogBytes bounds the console log kept in StateDir.
 	ConsoleLogBytes int64
+	// Restore, if set, makes Launch bring back a state saved by
+	// Snapshotter.Save instead of booting the kernel. The other fields
+	// must describe the guest as it was launched when it was saved
+	// (sizes, accelerator, channel, image): the saved state holds the
+	// guest's memory and devices, not its machine. Nil boots as usual.
+	Restore *Restore
+}
+
+// Restore is what Launch needs to bring a saved VM back.
+type Restore struct {
+	// State is the file Save wrote, open for reading at its start. The
+	// driver reads it during Launch and does not close it; the host
+	// opens it, so the VMM needs no access to its path.
+	State *os.File
+	// Disks are the disks that were attached when the state was saved
+	// (SavedState.Disks), at the same addresses; a path may differ (a
+	// copy of a scratch disk, a layer image at another place). Launch
+	// attaches them before the state loads: the guest's drivers expect
+	// them where they were.
+	Disks []Disk
+	// Resume leaves the restored guest running; false leaves it paused
+	// until Snapshotter.Resume.
+	Resume bool
+}
+
+// Disk is one hot-plugged disk as a restore must recreate it.
+type Disk struct {
+	// ID is the name the disk was attached under.
+	ID string
+	// Path is the disk image on the host.
+	Path string
+	// ReadOnly says whether the guest sees it write-protected.
+	ReadOnly bool
+	// Addr is where it sits on the guest's SCSI controller.
+	Addr DiskAddr
+}
+
+// SavedState describes what Save wrote.
+type SavedState struct {
+	// Disks are the disks attached at the time of the save, which the
+	// caller records and hands back in Restore.Disks.
+	Disks []Disk
+	// Bytes is the size of the state written.
+	Bytes int64
+}
+
+// Snapshotter is implemented by VMs whose whole state (vCPUs, devices,
+// guest memory) can be saved to a file and brought back into a new VMM
+// with Spec.Restore: the base of checkpoints and templates. Disks are not
+// in the saved state; their files are the caller's to keep consistent
+// with it (copied while the VM is paused, or never written).
+type Snapshotter interface {
+	// Pause stops the guest's vCPUs. Pausing a paused VM is a no-op.
+	Pause(ctx context.Context) error
+	// Resume lets a paused guest run again, also after a Save.
+	Resume(ctx context.Context) error
+	// Save writes the paused VM's state to w from its current offset
+	// and returns once it is all written. A running VM is refused with
+	// errdefs.ErrFailedPrecondition. The VM stays paused and can be
+	// resumed or stopped. w stays the caller's to sync and close.
+	Save(ctx context.Context, w *os.File) (SavedState, error)
 }
 
 // Driver launches guests with one kind of VMM.

@@ -24,6 +24,10 @@ const (
 	ConsoleLogName = "console.log"
 )
 
+// AgentPortID is the QEMU device id of the agent's virtio-serial port in a
+// restored VM, as named in its VSERPORT_CHANGE events.
+const AgentPortID = "agent-port"
+
 // SCSIControllerID is the id of the virtio-scsi controller created at boot.
 // microvm's virtio-mmio devices cannot be hot-plugged, so disks that arrive
 // later go onto this controller: device_add scsi-hd,bus=<id>.0.
@@ -145,11 +149,27 @@ func commandLine(p launchParams) []string {
 		// The CID is already reserved on the descriptor QEMU inherits.
 		args = append(args, "-device", fmt.Sprintf("vhost-vsock-device,guest-cid=%d,vhostfd=%d", p.cid, vhostFD))
 	default:
+		port := "virtserialport,chardev=agent,name=" + channel.SerialPortName
+		if s.Restore != nil {
+			// With an id QEMU reports the guest opening and closing
+			// the port (VSERPORT_CHANGE), which tells the host when
+			// the restored guest has let go of the session it had
+			// when saved. The id is not part of the saved state.
+			port += ",id=" + AgentPortID
+		}
 		args = append(args,
 			"-device", "virtio-serial-device",
 			"-chardev", agentChardev,
-			"-device", "virtserialport,chardev=agent,name="+channel.SerialPortName,
+			"-device", port,
 		)
+	}
+	if s.Restore != nil {
+		// The same machine, waiting for a saved state instead of
+		// running the kernel: "defer" lets the driver re-add the hot-
+		// plugged disks and pass the state's descriptor over QMP
+		// first. -S keeps the guest paused once the state is in, so
+		// the driver, not QEMU, decides when it runs.
+		args = append(args, "-S", "-incoming", "defer")
 	}
 	return args
 }

@@ -114,15 +114,7 @@ func (v *VM) AttachDisk(ctx context.Context, id, path string, readOnly bool) (_ 
 		if !free {
 			return hypervisor.DiskAddr{}, fmt.Errorf("%w: attach disk %s: all %d SCSI targets are in use", errdefs.ErrResourceExhausted, id, maxSCSITarget+1)
 		}
-		err := v.qmp.Execute(ctx, "device_add", map[string]any{
-			"driver":  "scsi-hd",
-			"id":      dev,
-			"bus":     SCSIControllerID + ".0",
-			"channel": 0,
-			"scsi-id": target,
-			"lun":     0,
-			"drive":   node,
-		}, nil)
+		err := v.qmp.Execute(ctx, "device_add", scsiDiskArgs(id, target), nil)
 		if err == nil {
 			lg.WithFields(log.Fields{"scsi_id": target, "attach_ms": time.Since(start).Milliseconds()}).Info("disk attached")
 			return hypervisor.DiskAddr{SCSIID: target, LUN: 0}, nil

@@ -219,11 +219,19 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	}
 	v.qmp = client
 	go v.watchEvents()
+	qmpReady := time.Since(started)
+	if spec.Restore != nil {
+		if err := v.restore(ctx, spec.Restore); err != nil {
+			return nil, err
+		}
+	}
 
 	v.log.WithFields(log.Fields{
 		"accel":        spec.Accel,
 		"channel":      v.endpoint.String(),
-		"qmp_ready_ms": time.Since(started).Milliseconds(),
+		"qmp_ready_ms": qmpReady.Milliseconds(),
+		"restored":     spec.Restore != nil,
+		"started_ms":   time.Since(started).Milliseconds(),
 	}).Info("qemu started")
 	return v, nil
 }
@@ -286,6 +294,9 @@ func validateSpec(s hypervisor.Spec) error {
 	}
 	if s.ConsoleLogBytes < 0 {
 		return bad("console log bytes = %d is negative", s.ConsoleLogBytes)
+	}
+	if s.Restore != nil {
+		return validateRestore(s.Restore)
 	}
 	return nil
 }
