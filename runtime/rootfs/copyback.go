@@ -19,6 +19,10 @@ const (
 	copyBackOld = ".cocoon-old"
 )
 
+// guestStopWait bounds the wait, after a copy back failed, for the guest
+// to stop sending.
+const guestStopWait = 10 * time.Second
+
 // Defaults of CopyBackLimits.
 const (
 	// DefaultCopyBackMaxBytes takes back a full default scratch disk: its
@@ -98,7 +102,16 @@ func (c *Cache) CopyBack(ctx context.Context, r Rootfs, p Policy, export Exporte
 	if err != nil {
 		return rep, err
 	}
-	defer diff.Close()
+	defer func() {
+		diff.Close()
+		if retErr != nil {
+			// The guest stops once the stream is closed; its container
+			// is busy until it did, and is deleted next.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(parent), guestStopWait)
+			_, _, _ = diff.Wait(wctx)
+			cancel()
+		}
+	}()
 	in.r, in.start = diff, time.Now()
 	br := bufio.NewReaderSize(in, 64<<10)
 	if _, err := br.Peek(1); errors.Is(err, io.EOF) {

@@ -257,6 +257,10 @@ func TestCopyBackPriorKept(t *testing.T) {
 	writeFile(t, filepath.Join(lower, "usr/bin/su"), "su\n")
 	must(t, unix.Chmod(filepath.Join(lower, "usr/bin/su"), 0o4755))
 	writeFile(t, filepath.Join(s.upper, "owned-by-root"), "from the image\n")
+	// A node the upperdir held, which the container linked to a new name
+	// that sorts first: the guest sends the new name whole, the old one
+	// as a link to it.
+	must(t, unix.Mknod(filepath.Join(s.upper, "seeded"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
 	// A whiteout in the upperdir hides the lower's node: not a prior one.
 	must(t, unix.Mknod(filepath.Join(s.upper, "gone"), unix.S_IFCHR, 0))
 	must(t, unix.Mknod(filepath.Join(lower, "gone"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
@@ -267,8 +271,10 @@ func TestCopyBackPriorKept(t *testing.T) {
 		entry{name: "dev/null2", typ: tar.TypeChar, mode: 0o666, major: 1, minor: 3, uid: 100000, gid: 100000},
 		entry{name: "dev/zero", typ: tar.TypeChar, mode: 0o666, major: 1, minor: 5},
 		entry{name: "gone", typ: tar.TypeChar, mode: 0o666, major: 1, minor: 3},
+		entry{name: "linked", typ: tar.TypeChar, mode: 0o666, major: 1, minor: 3},
 		entry{name: "owned-by-root", content: "touched\n"},
 		entry{name: "owned-by-host-user", content: "x", uid: 1000, gid: 1000},
+		entry{name: "seeded", typ: tar.TypeLink, link: "linked", mode: 0o666},
 		entry{name: "usr/", typ: tar.TypeDir, uid: 100000, gid: 100000},
 		entry{name: "usr/bin/", typ: tar.TypeDir, uid: 100000, gid: 100000},
 		entry{name: "usr/bin/ping", content: "ping\n", mode: 0o755, xattrs: map[string]string{"security.capability": fcaps(13)}},
@@ -289,6 +295,7 @@ func TestCopyBackPriorKept(t *testing.T) {
 		"dev":           "d 755 100000:100000 ",
 		"dev/null":      "c 666 0:0 1:3",
 		"owned-by-root": "f 644 0:0 touched\n",
+		"seeded":        "c 666 0:0 1:3",
 		"usr":           "d 755 100000:100000 ",
 		"usr/bin":       "d 755 100000:100000 ",
 		"usr/bin/ping":  "f 755 0:0 ping\n",
@@ -306,7 +313,7 @@ func TestCopyBackPriorKept(t *testing.T) {
 	if v := xattr(filepath.Join(s.upper, "usr/bin/pong"), "security.capability"); v != "" {
 		t.Errorf("pong's capability: %q", v)
 	}
-	wantRefused := map[string]int{refusedDeviceNS: 3, refusedOwner: 1}
+	wantRefused := map[string]int{refusedDeviceNS: 4, refusedOwner: 1}
 	wantStripped := map[string]int{strippedFcaps: 1, strippedSetgid: 1}
 	if !reflect.DeepEqual(rep.Refused, wantRefused) || !reflect.DeepEqual(rep.Stripped, wantStripped) {
 		t.Errorf("refused %v, stripped %v; want %v, %v", rep.Refused, rep.Stripped, wantRefused, wantStripped)

@@ -59,6 +59,9 @@ const (
 	maxName = 255
 	// maxExamples is how many refused or stripped entries a report names.
 	maxExamples = 10
+	// maxRefusedDevices bounds the refused device entries remembered for
+	// the links that name them; links to others are refused.
+	maxRefusedDevices = 4096
 )
 
 // CopyBackReport says what one copy back did.
@@ -125,6 +128,10 @@ type diffFilter struct {
 	names  map[uint64]entryKind
 	// devices are the device numbers of the device entries, for links.
 	devices map[uint64]uint64
+	// refusedDevices are the device entries refused (at most
+	// maxRefusedDevices), for the hard links that name them: the guest
+	// writes an inode's first name whole, its other names as links.
+	refusedDevices map[uint64]deviceNode
 	// root is the diff's root entry, which archive does not apply: the
 	// attributes of the container's root directory.
 	root *tar.Header
@@ -132,7 +139,20 @@ type diffFilter struct {
 
 func newDiffFilter(p Policy, prior *priorTree, report *CopyBackReport) *diffFilter {
 	return &diffFilter{p: p, prior: prior, report: report, seed: maphash.MakeSeed(),
-		names: map[uint64]entryKind{}, devices: map[uint64]uint64{}}
+		names: map[uint64]entryKind{}, devices: map[uint64]uint64{}, refusedDevices: map[uint64]deviceNode{}}
+}
+
+// deviceNode is a device entry's type and number.
+type deviceNode struct {
+	typ          byte
+	major, minor uint32
+}
+
+// rememberDevice notes a refused device entry for links to it.
+func (f *diffFilter) rememberDevice(hdr *tar.Header, name string) {
+	if len(f.refusedDevices) < maxRefusedDevices {
+		f.refusedDevices[f.hash(name)] = deviceNode{typ: hdr.Typeflag, major: uint32(hdr.Devmajor), minor: uint32(hdr.Devminor)}
+	}
 }
 
 func (f *diffFilter) hash(name string) uint64 { return maphash.String(f.seed, name) }
@@ -171,6 +191,11 @@ func (f *diffFilter) accept(hdr *tar.Header) (bool, error) {
 	if base := path.Base(name); strings.HasPrefix(base, whiteoutPrefix) {
 		return f.whiteout(hdr, name, base)
 	}
+	return f.judge(hdr, name)
+}
+
+// judge checks an entry by its type, owner and attributes.
+func (f *diffFilter) judge(hdr *tar.Header, name string) (bool, error) {
 	kind := entryKind(0)
 	switch hdr.Typeflag {
 	case tar.TypeReg, tar.TypeRegA, tar.TypeFifo: //nolint:staticcheck // TypeRegA is still read
@@ -182,6 +207,13 @@ func (f *diffFilter) accept(hdr *tar.Header) (bool, error) {
 		target := path.Clean(hdr.Linkname)
 		if checkName(target) != "" {
 			return f.refuse(name, refusedName)
+		}
+		if dev, ok := f.refusedDevices[f.hash(target)]; ok {
+			// The device node's first name was refused: this name is
+			// judged as the same node made at its own path (a copy-up
+			// of the image's keeps it there).
+			hdr.Typeflag, hdr.Linkname, hdr.Devmajor, hdr.Devminor = dev.typ, "", int64(dev.major), int64(dev.minor)
+			return f.judge(hdr, name)
 		}
 		k, ok := f.names[f.hash(target)]
 		if !ok || k == kindWhiteout {
@@ -200,6 +232,7 @@ func (f *diffFilter) accept(hdr *tar.Header) (bool, error) {
 			return f.refuse(name, refusedType)
 		}
 		if !f.p.Mknod && !f.prior.sameDevice(name, hdr.Typeflag, uint32(hdr.Devmajor), uint32(hdr.Devminor)) {
+			f.rememberDevice(hdr, name)
 			return f.refuse(name, f.deviceReason())
 		}
 		kind = kindDevice
@@ -210,6 +243,9 @@ func (f *diffFilter) accept(hdr *tar.Header) (bool, error) {
 	// A hard link entry's owner, mode and attributes go onto the inode it
 	// links to: they are vetted as any file's.
 	if reason := f.vetOwner(hdr, name); reason != "" {
+		if kind == kindDevice {
+			f.rememberDevice(hdr, name)
+		}
 		return f.refuse(name, reason)
 	}
 	f.vetAttrs(hdr, name)
