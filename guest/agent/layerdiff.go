@@ -61,7 +61,7 @@ func writeLayerDiff(ctx context.Context, w io.Writer, upper string, maxBytes uin
 	cw := &countingWriter{w: w, max: maxBytes}
 	bw := bufio.NewWriterSize(cw, diffBuffer)
 	tw := tar.NewWriter(bw)
-	d := &diffWriter{tw: tw, upper: upper, links: map[inode]string{}}
+	d := &diffWriter{tw: tw, upper: upper, links: map[inode]string{}, buf: make([]byte, diffBuffer)}
 	err := filepath.WalkDir(upper, func(path string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -96,6 +96,9 @@ type diffWriter struct {
 	// links maps the inodes with several names to the first name written.
 	links   map[inode]string
 	entries uint64
+	// buf carries file content: large reads, few calls (costly in a
+	// guest under emulation).
+	buf []byte
 }
 
 func (d *diffWriter) entry(path string) error {
@@ -194,7 +197,11 @@ func (d *diffWriter) write(hdr *tar.Header, path string) error {
 		return err
 	}
 	defer f.Close()
-	if _, err := io.CopyN(d.tw, f, hdr.Size); err != nil {
+	n, err := io.CopyBuffer(d.tw, io.LimitReader(f, hdr.Size), d.buf)
+	if err == nil && n < hdr.Size {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
