@@ -93,7 +93,8 @@ test-deps:
 FUZZ_TARGETS := \
 	./guest/api:FuzzReadStreamHeader \
 	./runtime/agent:FuzzGuestReply \
-	./runtime/agent:FuzzGuestSession
+	./runtime/agent:FuzzGuestSession \
+	./runtime/rootfs:FuzzCopyBackDiff
 FUZZ_TIME ?= 5s
 
 test-unit:
