@@ -45,6 +45,9 @@ CACHE="${COCOON_CACHE:-/var/cache/cocoon}"
 log() { echo "crun.sh: $*" >&2; }
 die() { echo "crun.sh: error: $*" >&2; exit 1; }
 export LC_ALL=C TZ=UTC
+# Nothing of an outer make (`make guest VERSION=...`: its command-line
+# variables come down in MAKEFLAGS) reaches crun's own Makefile.
+unset MAKEFLAGS MFLAGS MAKEOVERRIDES MAKELEVEL
 
 # --- build dependencies: `make deps` installs them; none is installed here ------
 need_pkgs=()

@@ -85,6 +85,10 @@ export KBUILD_BUILD_HOST=cocoon
 export KBUILD_BUILD_VERSION=1
 export LC_ALL=C TZ=UTC
 unset KCONFIG_CONFIG ARCH CROSS_COMPILE KBUILD_OUTPUT
+# An outer make (`make guest VERSION=...`) hands its command-line variables
+# down in MAKEFLAGS, and the kernel's Makefile has a VERSION of its own: the
+# kernel came out as release "<VERSION>.1.192-cocoon".
+unset MAKEFLAGS MFLAGS MAKEOVERRIDES MAKELEVEL
 
 mkdir -p "$CACHE/kernel"
 exec 9>"$CACHE/kernel/.lock"
