@@ -233,22 +233,26 @@ in_root() { # in_root CMD: runs CMD with bash in the root, as a fresh login woul
 run_step() { # run_step NAME CMD: a build step in the root; its messages shown, its output logged
 	step "$1"
 	echo "=== $1: $2" >>"$LOG"
-	local rc
+	local rc from
+	from=$(( $(wc -l < "$LOG") + 1 ))
 	set +e
 	in_root "$2" </dev/null 2>&1 | tee -a "$LOG" | { grep --line-buffered -E '^(installing:|[a-z]+\.sh: )' || true; }
 	rc=${PIPESTATUS[0]}
 	set -e
 	if [ "$rc" != 0 ]; then
-		echo "fresh-root: --- last lines of $LOG:" >&2
-		tail -25 "$LOG" | sed 's/^/  | /' >&2
+		echo "fresh-root: --- the last lines of '$2' (all in $LOG):" >&2
+		tail -n +"$from" "$LOG" | tail -25 | sed 's/^/  | /' >&2
 		die "'$2' failed in the fresh $SUITE root (exit $rc); a package missing from make deps?"
 	fi
 }
 
 # --- 3. the build ------------------------------------------------------------------
+# The archive has no .git for the Makefile to take VERSION from: it comes
+# from the environment, as git describe would give it (not from make's
+# command line, which reaches every make below through MAKEFLAGS).
 run_step "make deps" "make deps"
-run_step "make build" "make build VERSION=$VERSION"
-run_step "make guest" "make guest VERSION=$VERSION"
+run_step "make build" "VERSION=$VERSION make build"
+run_step "make guest" "VERSION=$VERSION make guest"
 
 # --- 4. compare --------------------------------------------------------------------
 step "compare"
