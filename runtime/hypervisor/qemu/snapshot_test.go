@@ -155,6 +155,25 @@ func TestSaveRestore(t *testing.T) {
 		t.Fatalf("Save of a running guest = %v, want failed precondition", err)
 	}
 
+	// A state file QEMU cannot write fails the save; the guest stays
+	// paused and a later save works.
+	ro, err := os.Open(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vm.Save(ctx, ro); err == nil {
+		t.Fatal("Save to a read-only descriptor succeeded")
+	} else {
+		t.Logf("save to a read-only descriptor: %v", err)
+	}
+	ro.Close()
+	if st, err := vm.QMP().QueryStatus(ctx); err != nil || st.Running {
+		t.Fatalf("after a failed save the guest is %+v, %v; want paused", st, err)
+	}
+
 	state := filepath.Join(t.TempDir(), "vm.state")
 	saved, took := saveTo(t, ctx, vm, state)
 	fi, err := os.Stat(state)
