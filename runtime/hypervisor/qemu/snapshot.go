@@ -42,6 +42,9 @@ const (
 	// migrationCancelWait bounds the wait for a cancelled migration to
 	// end once ctx is done.
 	migrationCancelWait = 5 * time.Second
+	// migrationPoll is how often a migration's status is asked for
+	// besides the events.
+	migrationPoll = 100 * time.Millisecond
 	// eventMigration is QEMU's event for a change of migration status,
 	// sent once the "events" capability is on.
 	eventMigration = "MIGRATION"
@@ -161,8 +164,16 @@ func (v *VM) waitMigration(ctx context.Context, events <-chan qmp.Event) error {
 	if done, err := check(ctx); done {
 		return err
 	}
+	// Events are the prompt path; the poll makes sure a dropped event
+	// cannot leave the wait hanging until ctx ends.
+	poll := time.NewTicker(migrationPoll)
+	defer poll.Stop()
 	for {
 		select {
+		case <-poll.C:
+			if done, err := check(ctx); done {
+				return err
+			}
 		case ev, ok := <-events:
 			if !ok {
 				return fmt.Errorf("wait for migration: %w", qmp.ErrClosed)
