@@ -404,6 +404,9 @@ type ctrdFigures struct {
 	stdoutHead        [2][]float64
 	shimRSS, rss, pss [2][]float64
 	overhead          []float64
+	// deleteAfter are the deletes of containers that wrote
+	// copyBackMiB[k] MiB, at [runtime][k].
+	deleteAfter [2][][]float64
 }
 
 // benchContainerd measures both runtimes through one private containerd:
@@ -430,6 +433,13 @@ func benchContainerd(ctx context.Context, cfg *config.Config, n int) (f ctrdFigu
 		}
 		if f.stdoutHead[i], err = b.throughput(ctx, rt, headProducer, 3); err != nil {
 			return f, err
+		}
+		for _, mib := range copyBackMiB {
+			d, err := b.deleteAfterWrites(ctx, rt, mib, copyBackSamples)
+			if err != nil {
+				return f, err
+			}
+			f.deleteAfter[i] = append(f.deleteAfter[i], d)
 		}
 		for k := 0; k < 3; k++ {
 			r, err := b.runDetached(ctx, rt)

@@ -62,7 +62,12 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes)`)
 	flag.Parse()
+	if *only != "" && *only != "copyback" {
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback"`)
+		os.Exit(2)
+	}
 	if *n < 5 || *ctrN < 10 {
 		fmt.Fprintln(os.Stderr, "bench: -n must be at least 5, -ctr-n at least 10")
 		os.Exit(2)
@@ -70,7 +75,7 @@ func main() {
 	// ^C or SIGTERM cancels the run; what it started is still cleaned up
 	// before exiting.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *out, *n, *ctrN)
+	err := run(ctx, *out, *n, *ctrN, *only)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -78,7 +83,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, out string, n, ctrN int) error {
+func run(ctx context.Context, out string, n, ctrN int, only string) error {
 	// The table is the output; the runtime's info lines would bury it.
 	if err := log.SetLevel("warn"); err != nil {
 		return err
@@ -88,6 +93,14 @@ func run(ctx context.Context, out string, n, ctrN int) error {
 		return err
 	}
 	rep := Report{Version: version.Version, Time: time.Now().UTC(), Host: hostInfo()}
+	if only == "copyback" {
+		f, err := benchCopyBackOnly(ctx, &env.Config)
+		if err != nil {
+			return fmt.Errorf("copy back figures: %w", err)
+		}
+		rep.Results = copyBackResults(f)
+		return writeReport(rep, out)
+	}
 
 	boot, mem, err := benchBoot(ctx, env, n)
 	if err != nil {
@@ -121,7 +134,11 @@ func run(ctx context.Context, out string, n, ctrN int) error {
 		Result{Name: "page cache shared by all vms (kernel, initrd, qemu)", Unit: "MiB", Median: median(mem.shared), Samples: mem.shared},
 	)
 	rep.Results = append(rep.Results, ctrdResults(ctrd, median(boot.ready))...)
+	return writeReport(rep, out)
+}
 
+// writeReport writes rep to out as JSON and prints its table.
+func writeReport(rep Report, out string) error {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
@@ -146,7 +163,7 @@ func ctrdResults(f ctrdFigures, bootReady float64) []Result {
 	start := median(f.start[0])
 	overhead := []float64{start - bootReady}
 	beyondRunc := []float64{start - median(f.start[1]) - bootReady}
-	return []Result{
+	return append([]Result{
 		pair("ctr run --rm true (container start)", "ms", f.start, ""),
 		{Name: "  beyond vm boot (start - boot: guest, shim, containerd)", Unit: "ms", Median: overhead[0], Samples: overhead},
 		{Name: "  start - runc start - vm boot", Unit: "ms", Median: beyondRunc[0], Samples: beyondRunc},
@@ -161,7 +178,7 @@ func ctrdResults(f ctrdFigures, bootReady float64) []Result {
 		pair("shim + qemu (runc: + container) pss", "MiB", f.pss, ""),
 		{Name: "qemu anon outside guest ram (via containerd)", Unit: "MiB", Median: median(f.overhead), Samples: f.overhead,
 			Target: "<= 40 MiB"},
-	}
+	}, copyBackResults(f)...)
 }
 
 func hostInfo() Host {
