@@ -356,10 +356,6 @@ func (s *Sandbox) diedMeanwhile(ctx context.Context) bool {
 	return s.dead()
 }
 
-// CopyBackTime is the time spent so far copying containers' writable
-// layers back to the host, which Stop can include.
-func (s *Sandbox) CopyBackTime() time.Duration { return time.Duration(s.copyBackNanos.Load()) }
-
 // enterBusy is enter, with the container marked busy until done: no other
 // delete or flush, and Stop leaves it to this call.
 func (s *Sandbox) enterBusy(id, what string) (_ *container, done func(), _ error) {

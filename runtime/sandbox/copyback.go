@@ -34,7 +34,6 @@ func (s *Sandbox) copyBack(ctx context.Context, ct *container) error {
 		return s.agent.ExportLayer(ctx, ct.id, s.containers.processID(), maxBytes)
 	})
 	took := time.Since(began)
-	s.copyBackNanos.Add(int64(took))
 	if errdefs.IsFailedPrecondition(err) {
 		return fmt.Errorf("container %s: %w", ct.id, err)
 	}

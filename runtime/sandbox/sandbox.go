@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -116,8 +115,6 @@ type Sandbox struct {
 	containers containers
 	// calls are the container calls in flight (calls.go).
 	calls callGate
-	// copyBackNanos is the time spent copying writable layers back.
-	copyBackNanos atomic.Int64
 	// life is the sandbox's phase (state.go).
 	life *lifecycle
 	// agentTimeout bounds each working call to the agent once the

@@ -98,9 +98,6 @@ func (s *fakeSandbox) record(format string, a ...any) {
 	s.mu.Unlock()
 }
 
-// CopyBackTime is nothing: the fake has no layers to copy.
-func (s *fakeSandbox) CopyBackTime() time.Duration { return 0 }
-
 // GuestTime counts each guest call as the millisecond it took.
 func (s *fakeSandbox) GuestTime() time.Duration {
 	s.mu.Lock()

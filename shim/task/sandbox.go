@@ -57,9 +57,9 @@ type Sandbox interface {
 	// DeleteContainer removes a container (killing it if it still runs)
 	// and its rootfs from the guest.
 	DeleteContainer(ctx context.Context, id string) error
-	// FlushContainer writes a stopped container's writable layer to its
-	// disk, for a VM that is stopped next, which then takes the container
-	// and its rootfs with it.
+	// FlushContainer copies a stopped container's writable layer back to
+	// the host, for a VM that is stopped next, which then takes the
+	// container and its rootfs with it.
 	FlushContainer(ctx context.Context, id string) error
 	// PauseContainer freezes every process of a container.
 	PauseContainer(ctx context.Context, id string) error
@@ -84,9 +84,6 @@ type Sandbox interface {
 	// GuestTime is the time spent so far in calls the guest agent works
 	// on (not those waiting for exits or events).
 	GuestTime() time.Duration
-	// CopyBackTime is the time spent so far copying containers' writable
-	// layers back to the host, which Stop may include.
-	CopyBackTime() time.Duration
 }
 
 // ContainerSpec describes a container to create in the guest.

@@ -12,8 +12,7 @@ import (
 type timing struct {
 	// calls is the wall time of the calls.
 	calls time.Duration
-	// vm is booting the VM (or waiting for its boot) and stopping it,
-	// without the copy back of a writable layer that a stop does.
+	// vm is booting the VM (or waiting for its boot) and stopping it.
 	vm time.Duration
 	// guest is the time of the guest agent calls made meanwhile
 	// (Sandbox.GuestTime): the guest's work and the transport to it.
