@@ -145,11 +145,20 @@ CPPFLAGS="-I$WORK/src/libocispec/yajl/src/headers"
 	# else is linked in.
 	ac_cv_search_gcry_check_version=no ./configure CFLAGS="$CFLAGS" CPPFLAGS="$CPPFLAGS" \
 		PYTHON=/usr/bin/python3 \
-		--disable-systemd --disable-criu --disable-dl --enable-embedded-yajl --disable-shared
-	make -j"$(nproc)" git-version.h .version
-	make -C libocispec/yajl -j"$(nproc)"
+		--disable-systemd --disable-criu --disable-dl --enable-embedded-yajl --disable-shared &&
+	make -j"$(nproc)" git-version.h .version &&
+	make -C libocispec/yajl -j"$(nproc)" &&
+	# libocispec generates its headers (with python3) as it builds, and crun's
+	# objects include them without depending on them: under -j, crun.c could
+	# be compiled before runtime_spec_schema_config_schema.h was written.
+	make -C libocispec -j"$(nproc)" libocispec.la &&
 	make -j"$(nproc)" crun LDFLAGS=-all-static
-} >>"$BLOG" 2>&1 || { tail -30 "$BLOG" >&2; die "crun build failed, see $BLOG"; }
+} >>"$BLOG" 2>&1 || {
+	# With -j the first error is seldom on the last lines.
+	grep -E -m 10 '(^|[^a-z])(fatal )?error: |\*\*\* ' "$BLOG" >&2 || true
+	tail -20 "$BLOG" >&2
+	die "crun build failed, see $BLOG"
+}
 readelf -l crun 2>/dev/null | grep -q 'program interpreter' && die "crun came out dynamically linked"
 ./crun --version >>"$BLOG" 2>&1 || die "the built crun does not run, see $BLOG"
 
