@@ -35,7 +35,8 @@
 #     removed; the cached tarball and .debs stay.
 #
 # Prints how long each step took; the whole output of the builds in the root
-# goes to build/fresh-root.log.
+# goes to build/fresh-root.log, and the log of a kernel or crun build that
+# failed there to build/fresh-root-logs/.
 #
 # Environment:
 #   COCOON_CACHE             cache root (default /var/cache/cocoon)
@@ -84,7 +85,7 @@ print_times() {
 }
 
 # --- the work root and its clean-up ----------------------------------------------
-ROOT=""
+ROOT="" SRC=""
 mounts_under() { # mount points at or below $1, deepest first
 	awk -v r="$1" '$5 == r || index($5, r "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r
 }
@@ -93,7 +94,18 @@ cleanup() {
 	trap - EXIT INT TERM
 	set +e
 	[ -n "$STEP" ] && step "clean up"
+	[ -n "$SRC" ] && rm -f "$SRC"
 	if [ -n "$ROOT" ] && [ -d "$ROOT" ]; then
+		# A failed kernel or crun build's log outlives the root.
+		if [ "$rc" != 0 ]; then
+			for f in "$ROOT"/var/cache/cocoon/*/work-*/build.log; do
+				[ -f "$f" ] || continue
+				mkdir -p "$REPO/build/fresh-root-logs"
+				m="$(basename "$(dirname "$(dirname "$f")")")"
+				cp "$f" "$REPO/build/fresh-root-logs/$m-build.log" &&
+					echo "fresh-root: the root's $m build log: build/fresh-root-logs/$m-build.log" >&2
+			done
+		fi
 		# Whatever still runs inside the root (nothing should): ended by pid.
 		for p in /proc/[0-9]*; do
 			[ "$(readlink "$p/root" 2>/dev/null)" = "$ROOT" ] && kill -9 "${p#/proc/}" 2>/dev/null || true
@@ -120,6 +132,7 @@ mkdir -p "$STORE" "$DEBS/partial" "$REPO/build"
 exec 7>"$STORE/.lock"
 flock -n 7 || { log "another fresh-root check runs; waiting for it"; flock 7; }
 : > "$LOG"
+rm -rf "$REPO/build/fresh-root-logs"
 
 # --- 0. the host's image, to compare with -----------------------------------------
 HMAN="$REPO/build/guest/manifest.json"
@@ -150,7 +163,7 @@ SRC="$(mktemp)"
 				gsub(/(^|\n)#[^\n]*/, ""); sub(/^\n/, ""); sub(/Types:[^\n]*/, "Types: deb"); print }' "$f"
 	done
 } > "$SRC"
-grep -qE '^(deb |Types:)' "$SRC" || { rm -f "$SRC"; die "no Debian $SUITE source in /etc/apt/sources.list{,.d/}"; }
+grep -qE '^(deb |Types:)' "$SRC" || { die "no Debian $SUITE source in /etc/apt/sources.list{,.d/}"; }
 # What the host's apt needs to reach that mirror (a proxy, a snapshot's
 # expired Release files); nothing that changes which packages get installed.
 APTOPTS=()
@@ -179,7 +192,7 @@ else
 	log "mmdebstrap --variant=apt $SUITE -> $TARBALL"
 	rm -f "$TARBALL.tmp"
 	if ! "${MMDEB[@]}" "$TARBALL.tmp" "$SRC" >>"$LOG" 2>&1; then
-		rm -f "$TARBALL.tmp" "$SRC"
+		rm -f "$TARBALL.tmp"
 		tail -20 "$LOG" >&2
 		die "mmdebstrap failed, see $LOG"
 	fi
@@ -187,7 +200,7 @@ else
 	# Only the current tarball is kept.
 	find "$STORE" -maxdepth 1 -name '*.tar' ! -path "$TARBALL" -delete
 fi
-rm -f "$SRC"
+rm -f "$SRC"; SRC=""
 
 # --- 2. the work root --------------------------------------------------------------
 step "work root"
@@ -210,9 +223,13 @@ KCACHE="$CACHE/kernel"
 n=0
 if [ "${FRESH_ROOT_KERNEL:-}" != cold ]; then
 	mkdir -p "$ROOT/var/cache/cocoon/kernel"
+	# The entry this tree's kernel.sh uses (the root's has the same key when
+	# its packages are the host's); every complete one if it cannot tell.
+	hkey="$("$REPO/guest/image/kernel.sh" --print-key 2>/dev/null || true)"
 	for d in "$KCACHE"/*/; do
 		d="${d%/}"
 		case "$(basename "$d")" in work-*|.tmp-*) continue ;; esac
+		[ -z "$hkey" ] || [ "$(basename "$d")" = "$hkey" ] || continue
 		[ -s "$d/vmlinux" ] && [ -x "$d/gen_init_cpio" ] || continue
 		cp -a "$d" "$ROOT/var/cache/cocoon/kernel/"
 		n=$((n + 1))
