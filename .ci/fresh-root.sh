@@ -2,7 +2,7 @@
 # fresh-root.sh: build the binaries and the guest image inside a fresh,
 # minimal Debian 12 root, from what `make deps` installs and nothing else,
 # then compare the image with the host's build/guest/manifest.json.
-# `make check-fresh` runs it (after building the host's image); .ci/run too.
+# `make check-fresh` runs it, and .ci/run after `make test`.
 #
 # Usage: .ci/fresh-root.sh
 #
@@ -20,7 +20,7 @@
 #       /usr/local/go            the Go toolchain (read-only bind mount)
 #       /root/go/pkg/mod         the host's Go module download cache (bind mount)
 #       /var/cache/apt/archives  $CACHE/fresh-root/debs: downloaded .debs (bind mount)
-#       /var/cache/cocoon/kernel the host's kernel build cache entries (copied)
+#       /var/cache/cocoon/kernel the kernel cache entry of this tree's key (copied)
 #     plus the host's resolv.conf and the apt options that reach its mirror.
 #     No Go build cache, no crun, nothing else that was built on the host.
 #  3. `git archive` of HEAD (or FRESH_ROOT_REV) as /root/cocoon; then in a
@@ -43,7 +43,8 @@
 #   FRESH_ROOT_SUITE         Debian suite (default bookworm)
 #   FRESH_ROOT_MAX_AGE_DAYS  make the root tarball anew after this many days (default 7)
 #   FRESH_ROOT_REV           the commit to build (default HEAD)
-#   FRESH_ROOT_KERNEL=cold   carry no kernel cache in: the root builds the kernel (+5-6 min)
+#   FRESH_ROOT_KERNEL=cold   carry no kernel cache in: the root builds the kernel
+#                            (+9-16 min on 2 cores)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
