@@ -157,18 +157,13 @@ func (l *lifecycle) die(cause error) bool {
 func (l *lifecycle) stop() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.phase == PhaseStopping || l.phase == PhaseStopped {
-		return false
-	}
-	l.phase = PhaseStopping
-	close(l.ended)
-	return true
+	return l.toLocked(PhaseStopping) == nil
 }
 
 // require returns nil if the sandbox is in one of the phases ok, else an
-// error naming what could not be done (doing) and why: ErrNotFound-free,
-// an ErrFailedPrecondition for a sandbox that is not there yet or is
-// paused, ErrUnavailable for one that is dead or ending.
+// error naming what could not be done (doing) and why: ErrUnavailable for
+// a sandbox that is dead or ending, ErrFailedPrecondition for one that is
+// not ready yet or is paused.
 func (l *lifecycle) require(doing string, ok ...Phase) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
