@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -34,7 +35,7 @@ const minScratchSize int64 = 16 << 20
 // keyVersion is hashed into every cache key. Changing how images are built
 // (mkfs options, compression) changes it, so that old images are never
 // served; GC removes them.
-const keyVersion = "cocoon-layer-v1 erofs uncompressed"
+const keyVersion = "cocoon-layer-v2 erofs uncompressed reproducible"
 
 // Cache is the host's cache of layer images, in one directory:
 //
@@ -127,6 +128,10 @@ type Layer struct {
 	Bytes   int64 `json:"bytes"`
 	// ImageBytes is the image file's size.
 	ImageBytes int64 `json:"image_bytes"`
+	// Digest is the image file's "sha256:<hex>". Images are built
+	// reproducibly (reproducibleArgs), so a layer rebuilt after GC has
+	// the digest it had: what a checkpoint that used it records.
+	Digest string `json:"digest"`
 	// Built is when it was built, and BuildMillis how long that took.
 	Built       time.Time `json:"built"`
 	BuildMillis int64     `json:"build_ms"`
@@ -411,7 +416,7 @@ func (c *Cache) build(ctx context.Context, snap snapshot, key string) (retErr er
 	// Uncompressed: measured here, mkfs takes about as long as with lz4
 	// and the guest reads it without spending emulated CPU on
 	// decompression (docs/rootfs.md).
-	if err := toolMkfsErofs.run(ctx, "--quiet", "--preserve-mtime", tmp, snap.path); err != nil {
+	if err := toolMkfsErofs.runEnv(ctx, reproducibleEnv, append(reproducibleArgs(key), "--quiet", "--preserve-mtime", tmp, snap.path)...); err != nil {
 		return fmt.Errorf("build layer image of %s: %w", snap.path, err)
 	}
 	after, err := fingerprint(ctx, snap.path)
@@ -427,8 +432,10 @@ func (c *Cache) build(ctx context.Context, snap snapshot, key string) (retErr er
 	}
 	err = f.Sync()
 	fi, statErr := f.Stat()
+	h := sha256.New()
+	_, hashErr := io.Copy(h, f)
 	f.Close()
-	if err = errors.Join(err, statErr); err != nil {
+	if err = errors.Join(err, statErr, hashErr); err != nil {
 		return fmt.Errorf("layer cache: sync %s: %w", tmp, err)
 	}
 	l := Layer{
@@ -441,6 +448,7 @@ func (c *Cache) build(ctx context.Context, snap snapshot, key string) (retErr er
 		Entries:     snap.entries,
 		Bytes:       snap.bytes,
 		ImageBytes:  fi.Size(),
+		Digest:      "sha256:" + hex.EncodeToString(h.Sum(nil)),
 		Built:       time.Now().UTC(),
 		BuildMillis: time.Since(start).Milliseconds(),
 	}
@@ -462,6 +470,37 @@ func (c *Cache) build(ctx context.Context, snap snapshot, key string) (retErr er
 		"build_ms":    l.BuildMillis,
 	}).Info("layer image built")
 	return nil
+}
+
+// reproducibleEnv and reproducibleArgs make mkfs.erofs write the same
+// bytes for the same tree: its build time (the superblock's, and the
+// mtime of inodes that use the compact format) would be the time of the
+// build and its UUID random. A build time at the end of 32-bit time keeps
+// every file's own mtime (mkfs.erofs clamps mtimes to it) and the UUID
+// comes from the key, so a layer rebuilt after GC is the image a
+// checkpoint's guest has in its page cache.
+var reproducibleEnv = []string{"SOURCE_DATE_EPOCH=4294967295"}
+
+func reproducibleArgs(key string) []string {
+	u := key[:32]
+	return []string{"-U", u[0:8] + "-" + u[8:12] + "-" + u[12:16] + "-" + u[16:20] + "-" + u[20:32]}
+}
+
+// LayerDigest returns the digest ("sha256:<hex>") of a layer image that
+// Prepare returned.
+func (c *Cache) LayerDigest(img string) (string, error) {
+	key, ok := c.keyOf(img)
+	if !ok {
+		return "", fmt.Errorf("%w: %s is not an image of the layer cache %s", errdefs.ErrInvalidArgument, img, c.dir)
+	}
+	l, err := c.readInfo(key)
+	if err != nil {
+		return "", fmt.Errorf("layer cache: %w", err)
+	}
+	if l.Digest == "" {
+		return "", fmt.Errorf("%w: layer image %s has no recorded digest", errdefs.ErrNotFound, img)
+	}
+	return l.Digest, nil
 }
 
 // writeFileAtomic writes v as JSON to path through a synced temporary file

@@ -3,6 +3,8 @@ package rootfs
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -404,5 +406,56 @@ func TestPrepareHonoursCancellation(t *testing.T) {
 	defer tcancel()
 	if _, err := c.Prepare(tctx, []Mount{{Type: "bind", Source: layer}}, dir); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A layer rebuilt after GC is byte for byte the image it was: a
+// checkpoint's guest has the old one in its page cache.
+func TestLayerRebuildIsReproducible(t *testing.T) {
+	needTools(t)
+	ctx := context.Background()
+	c := openCache(t)
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "etc/hostname"), "layer")
+	writeFile(t, filepath.Join(src, "bin/sh"), "#!")
+	old := time.Date(2020, 1, 2, 3, 4, 5, 6, time.UTC)
+	if err := os.Chtimes(filepath.Join(src, "etc/hostname"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	mounts := []Mount{{Type: "bind", Source: src, Options: []string{"ro"}}}
+	dir := filepath.Join(t.TempDir(), "c")
+	r, err := c.Prepare(ctx, mounts, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := c.LayerDigest(r.Layers[0])
+	if err != nil || !strings.HasPrefix(first, "sha256:") {
+		t.Fatalf("digest %q, %v", first, err)
+	}
+	if err := c.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if removed, _, err := c.GC(ctx, GCOptions{MinIdle: -1}); err != nil || removed != 1 {
+		t.Fatalf("gc removed %d: %v", removed, err)
+	}
+	// Build time and UUID would differ a second later.
+	time.Sleep(1100 * time.Millisecond)
+	r, err = c.Prepare(ctx, mounts, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.LayerDigest(r.Layers[0])
+	if err != nil || again != first {
+		t.Fatalf("rebuilt digest %q (%v), first %q", again, err, first)
+	}
+	data, err := os.ReadFile(r.Layers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(data); "sha256:"+hex.EncodeToString(sum[:]) != first {
+		t.Fatalf("recorded digest %s is not the image's", first)
+	}
+	if _, err := c.LayerDigest(filepath.Join(t.TempDir(), "x.erofs")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("digest of a foreign file: %v", err)
 	}
 }

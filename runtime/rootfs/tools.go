@@ -69,12 +69,17 @@ const maxToolOutput = 4 << 10
 // run runs tool t with args, bounded by ctx. Its output is discarded on
 // success and ends the error otherwise.
 func (t tool) run(ctx context.Context, args ...string) error {
+	return t.runEnv(ctx, nil, args...)
+}
+
+// runEnv is run with env added to the tools' environment.
+func (t tool) runEnv(ctx context.Context, env []string, args ...string) error {
 	bin, err := t.find()
 	if err != nil {
 		return err
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = toolEnv
+	cmd.Env = append(append([]string(nil), toolEnv...), env...)
 	out := &tailBuffer{max: maxToolOutput}
 	cmd.Stdout = out
 	cmd.Stderr = out
