@@ -63,6 +63,12 @@ type Restore struct {
 	// Resume leaves the restored guest running; false leaves it paused
 	// until Snapshotter.Resume.
 	Resume bool
+	// Check, if set, is given the machine the VMM started as, before
+	// anything is loaded into it; an error ends the launch with that
+	// error. A state saved by another VMM version or on another machine
+	// model is refused this way, with a reason, rather than by the VMM
+	// failing to load it.
+	Check func(Machine) error
 }
 
 // Disk is one hot-plugged disk as a restore must recreate it.
@@ -101,6 +107,26 @@ type Snapshotter interface {
 	// errdefs.ErrFailedPrecondition. The VM stays paused and can be
 	// resumed or stopped. w stays the caller's to sync and close.
 	Save(ctx context.Context, w *os.File) (SavedState, error)
+}
+
+// Machine is what a saved state depends on besides the Spec's sizes: the
+// VMM and its version, the machine model and the devices the guest had
+// from boot. A snapshot records it and a restore compares it: a state
+// loads only into the same machine.
+type Machine struct {
+	// Driver is the driver's name; Version the VMM's version.
+	Driver  string
+	Version string
+	// Type is the machine model (QEMU's -M).
+	Type string
+	// Devices name the boot-time devices in order, with the backend
+	// kind where it matters ("agent:virtio-serial").
+	Devices []string
+}
+
+// Describer is implemented by VMs that can say what machine they are.
+type Describer interface {
+	Machine() Machine
 }
 
 // Driver launches guests with one kind of VMM.

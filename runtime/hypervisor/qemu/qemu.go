@@ -218,6 +218,7 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		return nil, err
 	}
 	v.qmp = client
+	v.machine = machineOf(spec, client.Greeting().Version)
 	go v.watchEvents()
 	qmpReady := time.Since(started)
 	if spec.Restore != nil {

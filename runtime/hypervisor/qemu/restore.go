@@ -18,6 +18,11 @@ import (
 // once it is in, and resumed if asked. Launch kills QEMU if it fails.
 func (v *VM) restore(ctx context.Context, r *hypervisor.Restore) error {
 	start := time.Now()
+	if r.Check != nil {
+		if err := r.Check(v.machine); err != nil {
+			return err
+		}
+	}
 	for _, d := range r.Disks {
 		if err := v.qmp.Execute(ctx, "blockdev-add", blockdevArgs(diskNodeName(d.ID), d.Path, d.ReadOnly), nil); err != nil {
 			return v.diskError(err, "restore vm: disk %s: open %s", d.ID, d.Path)

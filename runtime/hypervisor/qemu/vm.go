@@ -44,6 +44,8 @@ type VM struct {
 	log *log.Entry
 	// qmp is set once Launch returns and never changes.
 	qmp *qmp.Client
+	// machine is what Machine reports; set with qmp.
+	machine hypervisor.Machine
 
 	console *ring // last 64 KiB of the guest console
 	stderr  *ring // last 16 KiB of QEMU's stderr

@@ -1,0 +1,27 @@
+package qemu
+
+import (
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu/qmp"
+)
+
+// machineOf describes the machine commandLine builds for spec: what a
+// saved state of it needs to load again.
+func machineOf(spec hypervisor.Spec, v qmp.Version) hypervisor.Machine {
+	agent := "agent:virtio-serial"
+	if spec.Channel == channel.Vsock {
+		agent = "agent:vhost-vsock"
+	}
+	return hypervisor.Machine{
+		Driver:  DriverName,
+		Version: v.String(),
+		Type:    "microvm",
+		Devices: []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent},
+	}
+}
+
+// Machine says what machine the VM is.
+func (v *VM) Machine() hypervisor.Machine { return v.machine }
+
+var _ hypervisor.Describer = (*VM)(nil)
