@@ -25,7 +25,24 @@ const (
 	AnnotationVCPUs = AnnotationPrefix + "vcpus"
 	// AnnotationMemoryMiB sets the sandbox's guest memory in MiB.
 	AnnotationMemoryMiB = AnnotationPrefix + "memory_mib"
+	// AnnotationAllowOtherNamespace ("true"/"false") lets a container be
+	// restored from a checkpoint made in another containerd namespace.
+	AnnotationAllowOtherNamespace = AnnotationPrefix + "checkpoint.allow-other-namespace"
 )
+
+// AllowOtherNamespace reads AnnotationAllowOtherNamespace: false when
+// absent, an error naming the annotation when it is not a boolean.
+func AllowOtherNamespace(annotations map[string]string) (bool, error) {
+	v, ok := annotations[AnnotationAllowOtherNamespace]
+	if !ok {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return false, fmt.Errorf("annotation %s=%q: %w: want true or false", AnnotationAllowOtherNamespace, v, errdefs.ErrInvalidArgument)
+	}
+	return b, nil
+}
 
 // ApplyAnnotations overlays the io.cocoon.* annotations on cfg and
 // validates the result. Unknown io.cocoon.* keys and malformed values are
@@ -46,6 +63,10 @@ func ApplyAnnotations(cfg config.Config, annotations map[string]string) (config.
 			cfg.Hypervisor.VCPUs, err = parseInt(v, 1, config.MaxVCPUs)
 		case AnnotationMemoryMiB:
 			cfg.Hypervisor.MemoryMiB, err = parseInt(v, config.MinMemoryMiB, config.MaxMemoryMiB)
+		case AnnotationAllowOtherNamespace:
+			if _, perr := AllowOtherNamespace(annotations); perr != nil {
+				return cfg, perr
+			}
 		default:
 			return cfg, fmt.Errorf("annotation %q: %w: unknown %s annotation (see docs/annotations.md)", k, errdefs.ErrInvalidArgument, AnnotationPrefix)
 		}

@@ -44,3 +44,24 @@ func TestApplyAnnotations(t *testing.T) {
 		})
 	}
 }
+
+func TestAllowOtherNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		v     string
+		set   bool
+		want  bool
+		isErr bool
+	}{{set: false}, {v: "true", set: true, want: true}, {v: "false", set: true}, {v: "yes please", set: true, isErr: true}} {
+		a := map[string]string{}
+		if tc.set {
+			a[AnnotationAllowOtherNamespace] = tc.v
+		}
+		got, err := AllowOtherNamespace(a)
+		if (err != nil) != tc.isErr || got != tc.want {
+			t.Errorf("%q: got %v, %v", tc.v, got, err)
+		}
+		if _, err := ApplyAnnotations(config.Default(), a); (err != nil) != tc.isErr {
+			t.Errorf("ApplyAnnotations %q: %v", tc.v, err)
+		}
+	}
+}
