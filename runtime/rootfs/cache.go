@@ -142,6 +142,15 @@ type PrepareOpt func(*prepareConfig)
 
 type prepareConfig struct {
 	scratchSize int64
+	fill        func(*os.File) error
+}
+
+// WithScratchFrom makes Prepare write the scratch disk with fill, given
+// the new empty file, instead of making a filesystem seeded from the
+// upperdir: a container restored from a checkpoint gets the disk it had.
+// The scratch size is then what fill writes.
+func WithScratchFrom(fill func(*os.File) error) PrepareOpt {
+	return func(c *prepareConfig) { c.fill = fill }
 }
 
 // WithScratchSize sets the apparent size of the scratch disk in bytes
@@ -226,7 +235,12 @@ func (c *Cache) Prepare(ctx context.Context, mounts []Mount, dir string, opts ..
 	}
 
 	layersDone := time.Now()
-	if r.Scratch != "" {
+	switch {
+	case r.Scratch != "" && cfg.fill != nil:
+		if err := fillScratch(r.Scratch, cfg.fill); err != nil {
+			return Rootfs{}, err
+		}
+	case r.Scratch != "":
 		if err := makeScratch(ctx, r.Scratch, cfg.scratchSize, p.upper, p.rootFrom); err != nil {
 			return Rootfs{}, err
 		}

@@ -182,3 +182,21 @@ func getXattr(path, name string) ([]byte, error) {
 	}
 	return buf[:n], nil
 }
+
+// fillScratch makes the scratch disk at path with fill. On error no file
+// is left.
+func fillScratch(path string, fill func(*os.File) error) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("scratch disk: %w", err)
+	}
+	err = fill(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("scratch disk: %w", err)
+	}
+	return nil
+}
