@@ -25,9 +25,13 @@ func (LinuxSystem) SetWallClock(t time.Time) error {
 	return unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
 }
 
-// AddEntropy writes b to the input pool and credits 8 bits per byte. The
-// host's bytes come from its own CSPRNG, so full credit is right; that is
-// what lets getrandom() stop blocking in a guest restored from a template.
+// AddEntropy writes b to the input pool and credits 8 bits per byte, then
+// reseeds the CRNG from the pool. The host's bytes come from its own
+// CSPRNG, so full credit is right; that is what lets getrandom() stop
+// blocking in a guest restored from a template. The reseed is what makes
+// the bytes count at once: the kernel otherwise keeps drawing from the
+// CRNG state it had, and every guest restored from one snapshot has the
+// same (vmgenid, which would reseed it, does not reach a microvm guest).
 func (LinuxSystem) AddEntropy(b []byte) error {
 	if len(b) == 0 {
 		return nil
@@ -57,6 +61,33 @@ func (LinuxSystem) AddEntropy(b []byte) error {
 	}
 	if ioErr != nil {
 		return fmt.Errorf("RNDADDENTROPY: %w", ioErr)
+	}
+	return reseedCRNG()
+}
+
+// reseedCRNG makes the kernel's CRNG take its next state from the input
+// pool now (RNDRESEEDCRNG).
+func reseedCRNG() error {
+	f, err := os.OpenFile("/dev/random", os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", err)
+	}
+	defer f.Close()
+	sc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", err)
+	}
+	var ioErr error
+	if err := sc.Control(func(fd uintptr) {
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, unix.RNDRESEEDCRNG, 0)
+		if errno != 0 {
+			ioErr = errno
+		}
+	}); err != nil {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", err)
+	}
+	if ioErr != nil {
+		return fmt.Errorf("RNDRESEEDCRNG: %w", ioErr)
 	}
 	return nil
 }
