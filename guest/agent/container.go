@@ -71,6 +71,10 @@ type Mounted struct {
 	// whether anything was written to it since Assemble; nil without
 	// Upper.
 	Changed func() (bool, error)
+	// Scratch is the mount point of the disk Upper is on, which
+	// FreezeFilesystems freezes for a snapshot; empty when the writable
+	// layer is not a filesystem of its own (or there is none).
+	Scratch string
 }
 
 // changed reports through m.Changed, false without one.
@@ -128,6 +132,9 @@ type lifecycleOp struct {
 	rule string
 	// quiesce refuses the op while processes are being executed.
 	quiesce bool
+	// needsThawed refuses the op while the filesystems are frozen for a
+	// snapshot: it unmounts or reads the writable layer.
+	needsThawed bool
 	// stay leaves the container in the state it was in.
 	stay bool
 }
@@ -140,9 +147,9 @@ var (
 	opResume = lifecycleOp{doing: "resumed", from: []containerState{statePaused}, to: stateRunning,
 		rule: "only a paused container can be resumed"}
 	opDelete = lifecycleOp{doing: "deleted", from: []containerState{stateCreated, stateStopped}, to: stateStopped,
-		rule: "kill it and let it stop before deleting it", quiesce: true}
+		rule: "kill it and let it stop before deleting it", quiesce: true, needsThawed: true}
 	opExport = lifecycleOp{doing: "exported", from: []containerState{stateCreated, stateStopped}, stay: true,
-		rule: "only a created or stopped container's writable layer can be exported", quiesce: true}
+		rule: "only a created or stopped container's writable layer can be exported", quiesce: true, needsThawed: true}
 )
 
 // container is one container that the OCI runtime runs in the guest.
@@ -158,6 +165,9 @@ type container struct {
 	rootfs *Mounted
 	// oomWatch is the inotify watch on memory.events; 0 when none.
 	oomWatch int32
+	// freeze is the agent's, which ops that need the filesystems thawed
+	// enter.
+	freeze *fsFreeze
 
 	// mu guards the fields below.
 	mu    sync.Mutex
@@ -202,6 +212,11 @@ func (c *container) begin(op lifecycleOp) error {
 	if op.quiesce && c.execs > 0 {
 		return fmt.Errorf("container %s is starting a process; try again once that is done: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
+	if op.needsThawed {
+		if err := c.freeze.enter(fmt.Sprintf("container %s cannot be %s", c.id, op.doing)); err != nil {
+			return err
+		}
+	}
 	c.busy = op.doing
 	return nil
 }
@@ -210,6 +225,9 @@ func (c *container) begin(op lifecycleOp) error {
 func (c *container) end(op lifecycleOp, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if op.needsThawed {
+		c.freeze.leave()
+	}
 	c.busy = ""
 	if ok && !op.stay {
 		c.state = op.to
@@ -483,6 +501,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	}
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container", id))
 
+	// Entered first: a mount that began before a freeze would wait on it.
+	if err := s.freeze.enter(fmt.Sprintf("container %s cannot be created", id)); err != nil {
+		return nil, err
+	}
+	defer s.freeze.leave()
 	if err := cs.reserve(id); err != nil {
 		return nil, err
 	}
@@ -580,6 +603,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 		dir:    dir,
 		cgroup: filepath.Join(cs.cgroupRoot, spec.CgroupsPath),
 		rootfs: mounted,
+		freeze: s.freeze,
 		state:  stateCreated,
 	}
 	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited, oomKills: c.oomKills}

@@ -179,7 +179,7 @@ func (d *DiskRootfs) Assemble(ctx context.Context, dir string, r *api.Rootfs) (_
 	done = append(done, mountStep{target: root})
 	m := &Mounted{Root: root, Release: release}
 	if scratch != "" {
-		m.Upper = upper
+		m.Upper, m.Scratch = upper, scratch
 		written := func() (uint64, error) {
 			if err := sys.syncfs(scratch); err != nil {
 				return 0, fmt.Errorf("sync the scratch disk: %w", err)

@@ -35,6 +35,7 @@ const (
 	DefaultMaxContainers   = 256
 	DefaultMaxEvents       = 128
 	DefaultDiskTimeout     = 10 * time.Second
+	DefaultReattachTimeout = 30 * time.Second
 	// DefaultRuntime is the OCI runtime the guest image installs.
 	DefaultRuntime      = "/usr/bin/crun"
 	DefaultRuntimeRoot  = "/run/cocoon/oci"
@@ -73,6 +74,12 @@ type Config struct {
 	// OutputDrainIdle ends the output of an exited process once nothing
 	// arrived for this long (a background child may hold its pipes).
 	OutputDrainIdle time.Duration
+	// ReattachTimeout bounds how long a process's stdio waits for an
+	// AttachProcess once the session it was attached in has ended and a
+	// stream of it failed: meanwhile its output stays in the pipe (the
+	// process blocks once the pipe is full) and its exit is not reported.
+	// After it the output is discarded and stdin reads EOF.
+	ReattachTimeout time.Duration
 
 	// Runtime is the OCI runtime binary (crun, or runc) that runs
 	// containers.
@@ -98,6 +105,9 @@ type Config struct {
 	// MaxEvents bounds the events waiting for the host's NextEvent; the
 	// oldest is dropped when it is full.
 	MaxEvents int
+	// Freezer freezes the containers' scratch disks for a snapshot; nil
+	// means the kernel's (LinuxFreezer).
+	Freezer Freezer
 }
 
 // Service implements api.AgentService.
@@ -113,6 +123,8 @@ type Service struct {
 
 	// containers are the containers the OCI runtime runs.
 	containers *containerSet
+	// freeze holds the containers' filesystems still for a snapshot.
+	freeze *fsFreeze
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
@@ -134,6 +146,12 @@ func New(cfg Config) (*Service, error) {
 	if cfg.OutputDrainIdle <= 0 {
 		cfg.OutputDrainIdle = DefaultOutputDrainIdle
 	}
+	if cfg.ReattachTimeout <= 0 {
+		cfg.ReattachTimeout = DefaultReattachTimeout
+	}
+	if cfg.Freezer == nil {
+		cfg.Freezer = LinuxFreezer{}
+	}
 	setContainerDefaults(&cfg)
 	var uts unix.Utsname
 	release := "unknown"
@@ -147,6 +165,7 @@ func New(cfg Config) (*Service, error) {
 		streams:    newStreamRegistry(cfg.StreamTimeout, 3*cfg.MaxProcesses),
 		procs:      make(map[string]*process),
 		containers: newContainerSet(cfg),
+		freeze:     &fsFreeze{fz: cfg.Freezer},
 	}, nil
 }
 
@@ -211,6 +230,11 @@ func (s *Service) Shutdown(ctx context.Context, _ *api.ShutdownRequest) (*api.Em
 		logger.Info("shutdown requested")
 		go func() {
 			time.Sleep(shutdownReplyGrace)
+			// A frozen scratch disk would hang the unmounts of the
+			// power-off.
+			if err := s.freeze.thaw(context.WithoutCancel(ctx)); err != nil {
+				logger.WithError(err).Warn("thaw filesystems before power off")
+			}
 			if err := s.cfg.System.PowerOff(); err != nil {
 				logger.WithError(err).Error("power off failed")
 			}

@@ -1521,6 +1521,51 @@ func (x *CloseStdinRequest) GetId() string {
 	return ""
 }
 
+type FreezeFilesystemsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// frozen is how many filesystems are frozen.
+	Frozen        uint32 `protobuf:"varint,1,opt,name=frozen,proto3" json:"frozen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreezeFilesystemsResponse) Reset() {
+	*x = FreezeFilesystemsResponse{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreezeFilesystemsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreezeFilesystemsResponse) ProtoMessage() {}
+
+func (x *FreezeFilesystemsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreezeFilesystemsResponse.ProtoReflect.Descriptor instead.
+func (*FreezeFilesystemsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *FreezeFilesystemsResponse) GetFrozen() uint32 {
+	if x != nil {
+		return x.Frozen
+	}
+	return 0
+}
+
 type ResizePtyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1532,7 +1577,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1589,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1602,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1589,7 +1634,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1646,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1659,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1717,12 +1762,14 @@ const file_agent_proto_rawDesc = "" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x14\n" +
 	"\x05group\x18\x03 \x01(\bR\x05group\"#\n" +
 	"\x11CloseStdinRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"P\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"3\n" +
+	"\x19FreezeFilesystemsResponse\x12\x16\n" +
+	"\x06frozen\x18\x01 \x01(\rR\x06frozen\"P\n" +
 	"\x10ResizePtyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\xf3\f\n" +
+	"\x0fShutdownRequest2\x8f\x0e\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -1732,7 +1779,9 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12\".cocoon.agent.v1.CloseStdinRequest\x1a\x16.cocoon.agent.v1.Empty\x12F\n" +
 	"\tResizePty\x12!.cocoon.agent.v1.ResizePtyRequest\x1a\x16.cocoon.agent.v1.Empty\x12D\n" +
-	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12a\n" +
+	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
+	"\x11FreezeFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a*.cocoon.agent.v1.FreezeFilesystemsResponse\x12A\n" +
+	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12a\n" +
 	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12K\n" +
 	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12Y\n" +
 	"\vExecProcess\x12#.cocoon.agent.v1.ExecProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12N\n" +
@@ -1759,35 +1808,36 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_agent_proto_goTypes = []any{
-	(Event_Kind)(0),                // 0: cocoon.agent.v1.Event.Kind
-	(*ContainerRequest)(nil),       // 1: cocoon.agent.v1.ContainerRequest
-	(*ExportLayerRequest)(nil),     // 2: cocoon.agent.v1.ExportLayerRequest
-	(*ExportLayerResponse)(nil),    // 3: cocoon.agent.v1.ExportLayerResponse
-	(*Disk)(nil),                   // 4: cocoon.agent.v1.Disk
-	(*Rootfs)(nil),                 // 5: cocoon.agent.v1.Rootfs
-	(*CreateContainerRequest)(nil), // 6: cocoon.agent.v1.CreateContainerRequest
-	(*ExecProcessRequest)(nil),     // 7: cocoon.agent.v1.ExecProcessRequest
-	(*KillContainerRequest)(nil),   // 8: cocoon.agent.v1.KillContainerRequest
-	(*UpdateContainerRequest)(nil), // 9: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil), // 10: cocoon.agent.v1.ContainerStatsResponse
-	(*ContainerPidsResponse)(nil),  // 11: cocoon.agent.v1.ContainerPidsResponse
-	(*NextEventRequest)(nil),       // 12: cocoon.agent.v1.NextEventRequest
-	(*Event)(nil),                  // 13: cocoon.agent.v1.Event
-	(*Empty)(nil),                  // 14: cocoon.agent.v1.Empty
-	(*PingRequest)(nil),            // 15: cocoon.agent.v1.PingRequest
-	(*PingResponse)(nil),           // 16: cocoon.agent.v1.PingResponse
-	(*SyncGuestRequest)(nil),       // 17: cocoon.agent.v1.SyncGuestRequest
-	(*SyncGuestResponse)(nil),      // 18: cocoon.agent.v1.SyncGuestResponse
-	(*StartProcessRequest)(nil),    // 19: cocoon.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),   // 20: cocoon.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),     // 21: cocoon.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),    // 22: cocoon.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),   // 23: cocoon.agent.v1.SignalProcessRequest
-	(*CloseStdinRequest)(nil),      // 24: cocoon.agent.v1.CloseStdinRequest
-	(*ResizePtyRequest)(nil),       // 25: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),        // 26: cocoon.agent.v1.ShutdownRequest
+	(Event_Kind)(0),                   // 0: cocoon.agent.v1.Event.Kind
+	(*ContainerRequest)(nil),          // 1: cocoon.agent.v1.ContainerRequest
+	(*ExportLayerRequest)(nil),        // 2: cocoon.agent.v1.ExportLayerRequest
+	(*ExportLayerResponse)(nil),       // 3: cocoon.agent.v1.ExportLayerResponse
+	(*Disk)(nil),                      // 4: cocoon.agent.v1.Disk
+	(*Rootfs)(nil),                    // 5: cocoon.agent.v1.Rootfs
+	(*CreateContainerRequest)(nil),    // 6: cocoon.agent.v1.CreateContainerRequest
+	(*ExecProcessRequest)(nil),        // 7: cocoon.agent.v1.ExecProcessRequest
+	(*KillContainerRequest)(nil),      // 8: cocoon.agent.v1.KillContainerRequest
+	(*UpdateContainerRequest)(nil),    // 9: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil),    // 10: cocoon.agent.v1.ContainerStatsResponse
+	(*ContainerPidsResponse)(nil),     // 11: cocoon.agent.v1.ContainerPidsResponse
+	(*NextEventRequest)(nil),          // 12: cocoon.agent.v1.NextEventRequest
+	(*Event)(nil),                     // 13: cocoon.agent.v1.Event
+	(*Empty)(nil),                     // 14: cocoon.agent.v1.Empty
+	(*PingRequest)(nil),               // 15: cocoon.agent.v1.PingRequest
+	(*PingResponse)(nil),              // 16: cocoon.agent.v1.PingResponse
+	(*SyncGuestRequest)(nil),          // 17: cocoon.agent.v1.SyncGuestRequest
+	(*SyncGuestResponse)(nil),         // 18: cocoon.agent.v1.SyncGuestResponse
+	(*StartProcessRequest)(nil),       // 19: cocoon.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),      // 20: cocoon.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),        // 21: cocoon.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),       // 22: cocoon.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),      // 23: cocoon.agent.v1.SignalProcessRequest
+	(*CloseStdinRequest)(nil),         // 24: cocoon.agent.v1.CloseStdinRequest
+	(*FreezeFilesystemsResponse)(nil), // 25: cocoon.agent.v1.FreezeFilesystemsResponse
+	(*ResizePtyRequest)(nil),          // 26: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),           // 27: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
@@ -1800,42 +1850,46 @@ var file_agent_proto_depIdxs = []int32{
 	21, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
 	23, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
 	24, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	25, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	26, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	6,  // 12: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 13: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	7,  // 14: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	8,  // 15: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 16: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 17: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 18: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 19: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 20: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 21: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 22: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	12, // 23: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	16, // 24: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	18, // 25: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	20, // 26: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	22, // 27: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	14, // 28: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	14, // 29: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	14, // 30: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	14, // 31: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	20, // 32: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 33: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	20, // 34: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 35: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 36: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 37: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	14, // 38: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 39: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 40: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 41: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	11, // 42: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	13, // 43: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	24, // [24:44] is the sub-list for method output_type
-	4,  // [4:24] is the sub-list for method input_type
+	26, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	27, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	14, // 12: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
+	14, // 13: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
+	6,  // 14: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 15: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	7,  // 16: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	8,  // 17: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 18: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 19: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 20: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 21: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 22: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 23: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 24: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	12, // 25: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	16, // 26: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	18, // 27: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	20, // 28: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	22, // 29: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	14, // 30: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	14, // 31: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	14, // 32: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	14, // 33: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	25, // 34: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	14, // 35: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	20, // 36: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 37: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	20, // 38: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 39: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 40: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 41: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	14, // 42: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 43: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 44: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 45: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	11, // 46: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	13, // 47: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	26, // [26:48] is the sub-list for method output_type
+	4,  // [4:26] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1852,7 +1906,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

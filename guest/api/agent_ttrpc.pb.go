@@ -16,6 +16,8 @@ type AgentService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*Empty, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*Empty, error)
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
+	FreezeFilesystems(context.Context, *Empty) (*FreezeFilesystemsResponse, error)
+	ThawFilesystems(context.Context, *Empty) (*Empty, error)
 	CreateContainer(context.Context, *CreateContainerRequest) (*StartProcessResponse, error)
 	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ExecProcess(context.Context, *ExecProcessRequest) (*StartProcessResponse, error)
@@ -88,6 +90,20 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"FreezeFilesystems": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req Empty
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.FreezeFilesystems(ctx, &req)
+			},
+			"ThawFilesystems": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req Empty
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ThawFilesystems(ctx, &req)
 			},
 			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req CreateContainerRequest
@@ -246,6 +262,22 @@ func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*Em
 func (c *agentClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) FreezeFilesystems(ctx context.Context, req *Empty) (*FreezeFilesystemsResponse, error) {
+	var resp FreezeFilesystemsResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "FreezeFilesystems", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ThawFilesystems(ctx context.Context, req *Empty) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ThawFilesystems", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

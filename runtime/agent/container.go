@@ -316,3 +316,24 @@ func (c *Client) NextEvent(ctx context.Context) (Event, error) {
 	}
 	return ev, nil
 }
+
+// FreezeFilesystems syncs the guest and freezes the filesystem of every
+// container's scratch disk, for a snapshot of the VM and its disks that a
+// restored guest finds consistent, and returns how many it froze. Until
+// ThawFilesystems, writes to them block, and containers cannot be
+// created or deleted nor layers exported (errdefs.ErrFailedPrecondition).
+// Freezing a frozen guest changes nothing.
+func (c *Client) FreezeFilesystems(ctx context.Context) (int, error) {
+	resp, err := c.agent.FreezeFilesystems(ctx, &api.Empty{})
+	if err != nil {
+		return 0, c.mapErr("freeze guest filesystems", err)
+	}
+	return int(resp.Frozen), nil
+}
+
+// ThawFilesystems thaws what FreezeFilesystems froze, in this guest or in
+// the one its snapshot was taken of; without a freeze it does nothing.
+func (c *Client) ThawFilesystems(ctx context.Context) error {
+	_, err := c.agent.ThawFilesystems(ctx, &api.Empty{})
+	return c.mapErr("thaw guest filesystems", err)
+}
