@@ -1,5 +1,6 @@
 // Command cocoon is Cocoon's admin CLI: check the host, run a command in a
-// throwaway microVM, list and clean up sandboxes, print the configuration.
+// throwaway microVM, list and clean up sandboxes, inspect a checkpoint,
+// print the configuration.
 package main
 
 import (
@@ -97,6 +98,7 @@ func main() {
 					return env.GCLayers(c.Context, os.Stdout)
 				},
 			},
+			checkpointCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
