@@ -85,6 +85,9 @@ func main() {
 			{
 				Name:  "gc",
 				Usage: "remove the state of sandboxes whose VM is gone, then unused layer images",
+				Flags: []cli.Flag{
+					&cli.DurationFlag{Name: "layers-min-idle", Usage: "keep an unused layer image whose snapshot still exists until it has been unused this long (0: 24h; negative: remove at once)"},
+				},
 				Action: func(c *cli.Context) error {
 					env, err := admin.LoadEnv(c.String("config"))
 					if err != nil {
@@ -95,7 +98,7 @@ func main() {
 					if err := env.GC(c.Context, os.Stdout); err != nil {
 						return err
 					}
-					return env.GCLayers(c.Context, os.Stdout)
+					return env.GCLayers(c.Context, os.Stdout, c.Duration("layers-min-idle"))
 				},
 			},
 			checkpointCommand(),

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cocoonrt/cocoon/runtime/rootfs"
 )
@@ -21,7 +22,7 @@ func (e *Env) LayerCacheDir() string {
 // those unused for a day. A container's layers stay referenced while its
 // directory under the state dir exists, so run it after GC, which removes
 // the state of sandboxes whose VMM is gone.
-func (e *Env) GCLayers(ctx context.Context, w io.Writer) error {
+func (e *Env) GCLayers(ctx context.Context, w io.Writer, minIdle time.Duration) error {
 	dir := e.LayerCacheDir()
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(w, "layer cache %s: empty\n", dir)
@@ -31,7 +32,7 @@ func (e *Env) GCLayers(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opts := rootfs.GCOptions{Removed: func(l rootfs.Layer) {
+	opts := rootfs.GCOptions{MinIdle: minIdle, Removed: func(l rootfs.Layer) {
 		src := l.Source
 		if src == "" {
 			src = "unknown source"
