@@ -92,6 +92,7 @@ test-deps:
 # testdata/fuzz, and plain `go test` runs those too.
 FUZZ_TARGETS := \
 	./guest/api:FuzzReadStreamHeader \
+	./guest/api:FuzzGuestHandshake \
 	./runtime/agent:FuzzGuestReply \
 	./runtime/agent:FuzzGuestSession \
 	./runtime/rootfs:FuzzCopyBackDiff
