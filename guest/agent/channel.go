@@ -54,14 +54,20 @@ func (c serialConn) RemoteAddr() net.Addr { return serialAddr("host") }
 
 // ServeSerial serves sessions on the virtio-serial port called name until
 // ctx is done. The port has no connections: a session ends when the host
-// side disconnects (reads return EOF), and the port is then reopened for
-// the next one, which is how a restarted shim or a restored template gets
-// a fresh session.
+// side disconnects (reads return EOF) or when the host starts a new
+// handshake on it, and the port is then reopened for the next one, which
+// is how a restarted shim or a restored snapshot gets a fresh session.
+//
+// A guest restored from a snapshot resumes inside the session it had when
+// saved. Either QEMU tells it the host is gone first (the stale session
+// reads EOF), or the stale session reads the new host's HELLO and fails
+// on its first byte (see api.GuestHandshake); in both cases Serve returns
+// and the next session's handshake answers a later HELLO, which the host
+// repeats until it is answered.
 func (s *Service) ServeSerial(ctx context.Context, name string) error {
-	backoff := newBackoff()
 	missingSince := time.Now()
 	warned := false
-	for ctx.Err() == nil {
+	return s.serveReopening(ctx, func() (net.Conn, error) {
 		path, err := FindSerialPort(VirtioPortsDir, name)
 		if err != nil {
 			// Said once, loudly: the host's readiness error quotes
@@ -70,18 +76,30 @@ func (s *Service) ServeSerial(ctx context.Context, name string) error {
 				log.G(ctx).WithError(err).Warn("agent port missing; is the VM started with the virtio-serial port?")
 				warned = true
 			}
-			backoff.wait(ctx)
-			continue
+			return nil, err
 		}
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
 			log.G(ctx).WithError(err).WithField("port", path).Warn("open agent port")
+			return nil, err
+		}
+		return serialConn{f}, nil
+	})
+}
+
+// serveReopening serves one session after another, each on a conn that
+// open returns (the port opened anew), until ctx is done.
+func (s *Service) serveReopening(ctx context.Context, open func() (net.Conn, error)) error {
+	backoff := newBackoff()
+	for ctx.Err() == nil {
+		conn, err := open()
+		if err != nil {
 			backoff.wait(ctx)
 			continue
 		}
 		start := time.Now()
-		err = s.Serve(ctx, serialConn{f})
-		_ = f.Close()
+		err = s.Serve(ctx, conn)
+		_ = conn.Close()
 		if err != nil {
 			log.G(ctx).WithError(err).Info("agent session ended")
 		}

@@ -52,8 +52,19 @@ func yamuxConfig(ctx context.Context) *yamux.Config {
 // Serve runs one agent session over conn until the host ends it, conn
 // fails or ctx is done. Processes outlive the session; their stdio
 // streams do not.
+//
+// The session starts with the handover of the channel
+// (api.GuestHandshake), for which Serve waits as long as ctx lasts: a
+// session never gives up on its host. Whatever conn held before, a
+// booting guest's queued HELLOs or what a stale session left, goes
+// there.
 func (s *Service) Serve(ctx context.Context, conn net.Conn) error {
-	sess, err := yamux.Server(conn, yamuxConfig(ctx))
+	taken, err := api.GuestHandshake(ctx, conn)
+	if err != nil {
+		_ = conn.Close()
+		return err
+	}
+	sess, err := yamux.Server(taken, yamuxConfig(ctx))
 	if err != nil {
 		_ = conn.Close()
 		return fmt.Errorf("start agent session: %w", err)

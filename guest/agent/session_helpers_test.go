@@ -37,7 +37,13 @@ func newHostSession(t *testing.T, s *agent.Service) *hostSession {
 	cfg.LogOutput = nil
 	cfg.Logger = nil
 	cfg.LogOutput = os.Stderr
-	sess, err := yamux.Client(conns[0], cfg)
+	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+	taken, err := api.HostHandshake(hctx, conns[0])
+	hcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := yamux.Client(taken, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

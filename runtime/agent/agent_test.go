@@ -74,10 +74,12 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	host, guest := agenttest.SocketPair(t)
-	return newHarnessOn(t, host, guest, true)
+	return newHarnessOn(t, host, guest, 0)
 }
 
-func newHarnessOn(t *testing.T, host, guest net.Conn, serve bool) *harness {
+// newHarnessOn is newHarness on host and guest, with the agent serving
+// after serveAfter.
+func newHarnessOn(t *testing.T, host, guest net.Conn, serveAfter time.Duration) *harness {
 	t.Helper()
 	r := reaper.New(reaper.Options{})
 	sys := &fakeSystem{powerOff: make(chan struct{})}
@@ -92,14 +94,10 @@ func newHarnessOn(t *testing.T, host, guest net.Conn, serve bool) *harness {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	if serve {
-		go func() {
-			defer close(served)
-			_ = svc.Serve(ctx, guest)
-		}()
-	} else {
-		close(served)
-	}
+	time.AfterFunc(serveAfter, func() {
+		defer close(served)
+		_ = svc.Serve(ctx, guest)
+	})
 	c, err := Connect(ctx, host)
 	if err != nil {
 		t.Fatal(err)
@@ -152,32 +150,32 @@ func TestPingAndWaitReady(t *testing.T) {
 	}
 }
 
-func TestWaitReadyLateAgent(t *testing.T) {
+// TestConnectLateAgent: Connect waits for an agent that serves late (a
+// guest still booting), and the agent answers at once after.
+func TestConnectLateAgent(t *testing.T) {
 	host, guest := agenttest.SocketPair(t)
-	h := newHarnessOn(t, host, guest, false)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	defer func() { cancel(); <-done }()
-	time.AfterFunc(1500*time.Millisecond, func() {
-		defer close(done)
-		_ = h.service.Serve(ctx, guest)
-	})
 	start := time.Now()
+	h := newHarnessOn(t, host, guest, 1500*time.Millisecond)
+	if d := time.Since(start); d < 1400*time.Millisecond {
+		t.Fatalf("connected after %v, before the agent served", d)
+	}
 	if _, err := h.client.WaitReady(testCtx(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d < 1400*time.Millisecond {
-		t.Fatalf("ready after %v, before the agent served", d)
-	}
 }
 
-func TestWaitReadyDeadline(t *testing.T) {
+// TestConnectDeadline: Connect to a guest that never answers ends with
+// its context, promptly.
+func TestConnectDeadline(t *testing.T) {
 	host, guest := agenttest.SocketPair(t)
-	h := newHarnessOn(t, host, guest, false)
-	_, err := h.client.WaitReady(testCtx(t, 1500*time.Millisecond))
+	defer guest.Close()
+	start := time.Now()
+	_, err := Connect(testCtx(t, 300*time.Millisecond), host)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("want deadline exceeded, got %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Connect returned %v after its 300ms deadline", d)
 	}
 }
 
@@ -686,18 +684,22 @@ func TestClosedSessionIsUnavailable(t *testing.T) {
 
 func TestGuestOpenedStreamEndsSession(t *testing.T) {
 	host, guest := agenttest.SocketPair(t)
-	c, err := Connect(context.Background(), host)
+	// A rogue guest: a yamux server that opens a stream of its own.
+	opened := make(chan error, 1)
+	go func() {
+		sess, err := yamuxServerForTest(guest)
+		if err == nil {
+			t.Cleanup(func() { sess.Close() })
+			_, err = sess.OpenStream()
+		}
+		opened <- err
+	}()
+	c, err := Connect(testCtx(t, 10*time.Second), host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// A rogue guest: a yamux server that opens a stream of its own.
-	sess, err := yamuxServerForTest(guest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	if _, err := sess.OpenStream(); err != nil {
+	if err := <-opened; err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -1,8 +1,9 @@
 // Package agent is the host's typed client of cocoon-agent, the guest's
-// PID 1. Connect starts the yamux session over the agent channel (the host
-// is the yamux client and opens every stream) and the ttrpc control
-// stream; Start opens a process's stdio streams and copies them to and
-// from the caller's readers and writers.
+// PID 1. Connect hands the agent channel over to a new session (a
+// handshake the agent answers), then starts the yamux session over it
+// (the host is the yamux client and opens every stream) and the ttrpc
+// control stream; Start opens a process's stdio streams and copies them
+// to and from the caller's readers and writers.
 //
 // The guest is treated as hostile: replies are bounded by ttrpc's message
 // limit and trimmed, stdio is streamed through bounded windows, and a guest
@@ -112,8 +113,25 @@ func (c *Client) SetCallTimeout(d time.Duration, missed func(method string)) {
 func (c *Client) GuestTime() time.Duration { return time.Duration(c.guestNanos.Load()) }
 
 // Connect starts the agent session over conn, which the Client then owns.
-// It does not wait for the guest: the first call does (see WaitReady).
+// It first hands the channel over to the new session (api.HostHandshake),
+// so it waits for the agent to take it: a booting guest once its agent
+// runs, a restored one once its stale session has given way, whatever
+// either left on the channel. ctx bounds that wait (the sandbox's start
+// deadline), not the session after it. A guest that closes the channel
+// first is errdefs.ErrUnavailable; one that sends too much before
+// answering, errdefs.ErrDataLoss.
 func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
+	taken, err := api.HostHandshake(ctx, conn)
+	if err != nil {
+		_ = conn.Close()
+		switch {
+		case ctx.Err() != nil:
+			return nil, err
+		case errors.Is(err, api.ErrHandshakeOverrun):
+			return nil, fmt.Errorf("%w: %w", errdefs.ErrDataLoss, err)
+		}
+		return nil, unavailable(err)
+	}
 	cfg := &yamux.Config{
 		// The guest never opens streams; a small backlog is enough to
 		// notice one that does.
@@ -125,13 +143,14 @@ func Connect(ctx context.Context, conn net.Conn) (*Client, error) {
 		KeepAliveInterval:      time.Minute,
 		ConnectionWriteTimeout: time.Minute,
 		MaxStreamWindowSize:    streamWindow,
-		// No open timeout: the guest acknowledges streams only once the
-		// agent runs, and the caller's start deadline bounds that.
+		// No open timeout: the agent runs by now, but a guest crawling
+		// under emulation may be slow to acknowledge; the caller bounds
+		// its calls.
 		StreamOpenTimeout:  0,
 		StreamCloseTimeout: 2 * time.Minute,
 		Logger:             log.G(ctx).WithField("component", "yamux"),
 	}
-	sess, err := yamux.Client(conn, cfg)
+	sess, err := yamux.Client(taken, cfg)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("start agent session: %w", err)
@@ -254,12 +273,12 @@ func clampNs(ns uint64) int64 {
 // first answer. Callers bound ctx by the sandbox start deadline and also
 // watch the VM exit.
 //
-// A ping is never lost to a guest that is still booting: on virtio-serial,
-// what the host writes waits in the port until the agent opens it, and a
-// vsock connection exists only once the agent listens. So one ping is
-// given the whole deadline instead of short attempts whose late replies
-// ttrpc would log as errors; only a ping that fails outright (not a slow
-// guest) is retried, paced so that it cannot spin.
+// Connect has already waited for the agent to take the session (its
+// handshake), so a ping is not lost to a guest that is still booting or
+// to a stale session of a restored one: one ping is given the whole
+// deadline instead of short attempts whose late replies ttrpc would log
+// as errors; only a ping that fails outright (not a slow guest) is
+// retried, paced so that it cannot spin.
 func (c *Client) WaitReady(ctx context.Context) (GuestInfo, error) {
 	const pace = 50 * time.Millisecond
 	for {

@@ -94,10 +94,24 @@ func (l *connListener) Addr() net.Addr { return &net.UnixAddr{Name: "raw-agent",
 func newRawHarness(t testing.TB) (*Client, *rawAgent) {
 	t.Helper()
 	host, guest := agenttest.SocketPair(t)
-	sess, err := yamuxServerForTest(guest)
+	type served struct {
+		sess *yamux.Session
+		err  error
+	}
+	guestSide := make(chan served, 1)
+	go func() {
+		sess, err := yamuxServerForTest(guest)
+		guestSide <- served{sess, err}
+	}()
+	c, err := Connect(context.Background(), host)
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := <-guestSide
+	if g.err != nil {
+		t.Fatal(g.err)
+	}
+	sess := g.sess
 	a := &rawAgent{}
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -111,10 +125,6 @@ func newRawHarness(t testing.TB) (*Client, *rawAgent) {
 	l := &connListener{conns: make(chan net.Conn), done: make(chan struct{})}
 	go func() { _ = srv.Serve(context.Background(), l) }()
 	go acceptGuestStreams(sess, l)
-	c, err := Connect(context.Background(), host)
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
 		c.Close()
 		l.Close()
@@ -291,9 +301,13 @@ func FuzzGuestSession(f *testing.F) {
 		host, guest := net.Pipe()
 		defer guest.Close()
 		go func() {
-			_, _ = guest.Write(b)
+			taken, err := api.GuestHandshake(context.Background(), guest)
+			if err != nil {
+				return
+			}
+			_, _ = taken.Write(b)
 			// The rest of the host's writes go nowhere.
-			_, _ = io.Copy(io.Discard, guest)
+			_, _ = io.Copy(io.Discard, taken)
 		}()
 		c, err := Connect(context.Background(), host)
 		if err != nil {
@@ -353,13 +367,17 @@ func TestControlStreamResetEndsSession(t *testing.T) {
 	host, guest := net.Pipe()
 	defer guest.Close()
 	go func() {
-		// The control stream's SYN and its header (two frames), then
-		// the reset.
-		if _, err := io.ReadFull(guest, make([]byte, 12+12+6)); err != nil {
+		taken, err := api.GuestHandshake(context.Background(), guest)
+		if err != nil {
 			return
 		}
-		_, _ = guest.Write([]byte("\x00\x01\x00\x0a\x00\x00\x00\x01\x00\x00\x00\x00"))
-		_, _ = io.Copy(io.Discard, guest)
+		// The control stream's SYN and its header (two frames), then
+		// the reset.
+		if _, err := io.ReadFull(taken, make([]byte, 12+12+6)); err != nil {
+			return
+		}
+		_, _ = taken.Write([]byte("\x00\x01\x00\x0a\x00\x00\x00\x01\x00\x00\x00\x00"))
+		_, _ = io.Copy(io.Discard, taken)
 	}()
 	c, err := Connect(context.Background(), host)
 	if err != nil {
