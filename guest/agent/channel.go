@@ -67,7 +67,16 @@ func (c serialConn) RemoteAddr() net.Addr { return serialAddr("host") }
 func (s *Service) ServeSerial(ctx context.Context, name string) error {
 	missingSince := time.Now()
 	warned := false
+	// known is the port's device node once it opened: the port keeps it,
+	// and the reopen after a restore is on the way to the host's first
+	// answer, where a walk of sysfs under emulation costs tens of ms.
+	var known string
 	return s.serveReopening(ctx, func() (net.Conn, error) {
+		if known != "" {
+			if f, err := os.OpenFile(known, os.O_RDWR, 0); err == nil {
+				return serialConn{f}, nil
+			}
+		}
 		path, err := FindSerialPort(VirtioPortsDir, name)
 		if err != nil {
 			// Said once, loudly: the host's readiness error quotes
@@ -83,6 +92,7 @@ func (s *Service) ServeSerial(ctx context.Context, name string) error {
 			log.G(ctx).WithError(err).WithField("port", path).Warn("open agent port")
 			return nil, err
 		}
+		known = path
 		return serialConn{f}, nil
 	})
 }
