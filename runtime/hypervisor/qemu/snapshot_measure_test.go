@@ -66,21 +66,19 @@ func TestMeasureSnapshot(t *testing.T) {
 				mem, median(saves).Round(time.Millisecond), saves, size>>10, touched)
 
 			var running, answered []time.Duration
-			var sessions []int
 			for range rounds {
 				start := time.Now()
 				restored, took := restoreFrom(t, spec, state, nil)
-				_, n := restoredAgent(t, ctx, restored, 250*time.Millisecond)
+				connectAgent(t, ctx, restored)
 				answered = append(answered, time.Since(start))
 				running = append(running, took)
-				sessions = append(sessions, n)
 				rt := guestTouchedKiB(t, restored.PID(), mem)
 				restored.Stop(ctx)
-				t.Logf("restore: running %v, agent %v (session %d), guest RAM in the new qemu %d KiB",
-					took.Round(time.Millisecond), answered[len(answered)-1].Round(time.Millisecond), n, rt)
+				t.Logf("restore: running %v, agent %v, guest RAM in the new qemu %d KiB",
+					took.Round(time.Millisecond), answered[len(answered)-1].Round(time.Millisecond), rt)
 			}
-			t.Logf("%d MiB: restore to running median %v; to an agent answer median %v (sessions %v)",
-				mem, median(running).Round(time.Millisecond), median(answered).Round(time.Millisecond), sessions)
+			t.Logf("%d MiB: restore to running median %v; to an agent answer median %v (%v)",
+				mem, median(running).Round(time.Millisecond), median(answered).Round(time.Millisecond), answered)
 		})
 	}
 }
@@ -163,29 +161,12 @@ func (q *fileQEMU) waitMigrated(t *testing.T, ctx context.Context) {
 	}
 }
 
-func (q *fileQEMU) agent(t *testing.T, ctx context.Context, attempt time.Duration) (agent.GuestInfo, int) {
+// agent opens one agent session on q's guest and waits for its answer.
+func (q *fileQEMU) agent(t *testing.T, ctx context.Context) agent.GuestInfo {
 	t.Helper()
 	ep := channel.Endpoint{Kind: channel.Serial, SocketPath: filepath.Join(q.dir, AgentSocketName)}
-	for try := 1; ; try++ {
-		conn, err := ep.Dial(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := agent.Connect(ctx, conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pctx, cancel := context.WithTimeout(ctx, attempt)
-		info, err := c.Ping(pctx)
-		cancel()
-		c.Close()
-		if err == nil {
-			return info, try
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("agent: %v", err)
-		}
-	}
+	_, info := agentOn(t, ctx, ep, nil)
+	return info
 }
 
 // allocatedKiB is how much of path is allocated on disk.
@@ -214,7 +195,7 @@ func TestMeasureFileBackedMemory(t *testing.T) {
 			dir := t.TempDir()
 			memFile := filepath.Join(dir, "mem")
 			src := startFileBacked(t, spec, memFile, true)
-			src.agent(t, ctx, 120*time.Second)
+			src.agent(t, ctx)
 
 			caps := []map[string]any{{"capability": "x-ignore-shared", "state": true}}
 			src.exec(t, ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps})
@@ -266,13 +247,13 @@ func TestMeasureFileBackedMemory(t *testing.T) {
 				dst.waitMigrated(t, ctx)
 				dst.exec(t, ctx, "cont", nil)
 				running = append(running, time.Since(start))
-				_, n := dst.agent(t, ctx, 250*time.Millisecond)
+				dst.agent(t, ctx)
 				answered = append(answered, time.Since(start))
 				rss := rssKiB(t, dst.cmd.Process.Pid)
 				dst.exec(t, ctx, "quit", nil)
 				<-dst.done
-				t.Logf("restore: running %v, agent %v (session %d), qemu rss %d KiB",
-					running[len(running)-1].Round(time.Millisecond), answered[len(answered)-1].Round(time.Millisecond), n, rss)
+				t.Logf("restore: running %v, agent %v, qemu rss %d KiB",
+					running[len(running)-1].Round(time.Millisecond), answered[len(answered)-1].Round(time.Millisecond), rss)
 			}
 			t.Logf("%d MiB: restore to running median %v; to an agent answer median %v",
 				mem, median(running).Round(time.Millisecond), median(answered).Round(time.Millisecond))
