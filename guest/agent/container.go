@@ -609,7 +609,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited, oomKills: c.oomKills}
 	c.init = p
 	cs.watchOOM(ctx, c)
-	cio.pio.start()
+	cio.pio.start(ctx)
 	go s.watch(cleanupCtx, p)
 	s.mu.Lock()
 	s.procs[req.ProcessId] = p
@@ -734,7 +734,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) 
 		return nil, fmt.Errorf("process %s: %w", req.ProcessId, err)
 	}
 	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{})}
-	cio.pio.start()
+	cio.pio.start(ctx)
 	go s.watch(context.WithoutCancel(ctx), p)
 	s.mu.Lock()
 	s.procs[req.ProcessId] = p

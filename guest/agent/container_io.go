@@ -63,13 +63,13 @@ func (s *Service) newContainerIO(ctx context.Context, id string, terminal, stdin
 	}()
 	if !terminal {
 		req := &api.StartProcessRequest{Id: id, Stdin: stdin, Stdout: stdout, Stderr: stderr}
-		cio.pio, err = newStdio(req, streams, s.cfg.OutputDrainIdle)
+		cio.pio, err = newStdio(req, streams, s.stdioTimes())
 		if err != nil {
 			return nil, err
 		}
 		return cio, nil
 	}
-	cio.pio = &stdio{id: id, terminal: true, streams: streams, drainIdle: s.cfg.OutputDrainIdle}
+	cio.pio = newStdioEnds(id, true, streams, s.stdioTimes())
 	if cio.null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
 		return nil, err
 	}

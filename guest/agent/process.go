@@ -85,7 +85,7 @@ func (s *Service) StartProcess(ctx context.Context, req *api.StartProcessRequest
 	if err != nil {
 		return nil, err
 	}
-	pio, err := newStdio(req, streams, s.cfg.OutputDrainIdle)
+	pio, err := newStdio(req, streams, s.stdioTimes())
 	if err != nil {
 		streams.closeAll()
 		return nil, err
@@ -99,7 +99,7 @@ func (s *Service) StartProcess(ctx context.Context, req *api.StartProcessRequest
 		return nil, err
 	}
 	p := &process{id: req.Id, child: child, stdio: pio, exited: make(chan struct{})}
-	pio.start()
+	pio.start(ctx)
 	go s.watch(ctx, p)
 
 	s.mu.Lock()
@@ -292,10 +292,43 @@ func (s *Service) WaitProcess(ctx context.Context, req *api.WaitProcessRequest) 
 	select {
 	case <-p.exited:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for process %s: %w", req.Id, ctx.Err())
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller is gone (its session too, maybe: ttrpc cancels
+		// the calls of a control stream that ends): the status stays
+		// for the next WaitProcess, from whichever session, even if the
+		// exit came at the same time.
+		return nil, fmt.Errorf("wait for process %s: %w", req.Id, err)
 	}
 	s.forget(p)
 	return p.result, nil
+}
+
+// AttachProcess hands the stdio of a running process, or of one that has
+// exited and not been waited for, to the streams the host opens for it
+// (in the calling session, as for StartProcess); the kinds not asked for
+// are detached. Its copiers go on with the new streams, first with what
+// they held since their old session ended.
+func (s *Service) AttachProcess(ctx context.Context, req *api.AttachProcessRequest) (*api.StartProcessResponse, error) {
+	p, err := s.lookup(req.Id)
+	if err != nil {
+		return nil, err
+	}
+	want, err := p.stdio.wantedStreams(req.Stdin, req.Stdout, req.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	streams, err := s.streams.claim(ctx, req.Id, want, s.cfg.StreamTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.stdio.attach(streams); err != nil {
+		streams.closeAll()
+		return nil, fmt.Errorf("process %s was waited for meanwhile: %w", req.Id, errdefs.ErrNotFound)
+	}
+	log.G(ctx).WithField("process", req.Id).WithField("stdin", req.Stdin).WithField("stdout", req.Stdout).
+		WithField("stderr", req.Stderr).Debug("process attached")
+	return &api.StartProcessResponse{Pid: uint32(p.child.Pid())}, nil
 }
 
 func (s *Service) forget(p *process) {

@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/api"
@@ -29,15 +33,22 @@ const outputPipeSize = copyBufSize
 
 // stdio is the agent's side of a process's standard streams: pipes (or a
 // pty) towards the process, yamux streams towards the host, and the copiers
-// between them.
+// between them. The streams towards the host are hostEnds: when the
+// session they came in on ends, the copiers wait for AttachProcess to hand
+// them streams of a new session, holding what they could not deliver.
 type stdio struct {
 	id       string
 	terminal bool
-	streams  streamSet
-	// drainIdle bounds how long output is awaited after the process
-	// exited while nothing arrives: a background child that keeps the
-	// pipe open must not hold the exit status back forever.
-	drainIdle time.Duration
+	// ends are the streams towards the host by kind, one for each kind
+	// the process was started with; the map is not changed after
+	// newStdio.
+	ends map[api.StreamKind]*hostEnd
+	stdioTimes
+
+	// released is closed by release: from then on no copier waits for
+	// a stream.
+	released    chan struct{}
+	releaseOnce sync.Once
 
 	// child holds the process's ends, closed once it has started.
 	child [3]*os.File
@@ -59,10 +70,35 @@ type stdio struct {
 	stdinDone bool
 }
 
+// stdioTimes are the bounds of a process's stdio, from Config.
+type stdioTimes struct {
+	// drainIdle bounds how long output is awaited after the process
+	// exited while nothing arrives: a background child that keeps the
+	// pipe open must not hold the exit status back forever.
+	drainIdle time.Duration
+	// reattachTimeout bounds a copier's wait for AttachProcess once its
+	// stream failed because the session it came in on ended.
+	reattachTimeout time.Duration
+}
+
+func (s *Service) stdioTimes() stdioTimes {
+	return stdioTimes{drainIdle: s.cfg.OutputDrainIdle, reattachTimeout: s.cfg.ReattachTimeout}
+}
+
+// newStdioEnds returns a process's stdio with a hostEnd for each stream
+// in streams, and no files yet.
+func newStdioEnds(id string, terminal bool, streams streamSet, times stdioTimes) *stdio {
+	s := &stdio{id: id, terminal: terminal, stdioTimes: times, ends: make(map[api.StreamKind]*hostEnd, len(streams)), released: make(chan struct{})}
+	for kind, conn := range streams {
+		s.ends[kind] = newHostEnd(kind, conn)
+	}
+	return s
+}
+
 // newStdio creates the pipes or pty for a process. On error nothing is
 // left open except streams, which the caller still owns.
-func newStdio(req *api.StartProcessRequest, streams streamSet, drainIdle time.Duration) (_ *stdio, retErr error) {
-	s := &stdio{id: req.Id, terminal: req.Terminal, streams: streams, drainIdle: drainIdle}
+func newStdio(req *api.StartProcessRequest, streams streamSet, times stdioTimes) (_ *stdio, retErr error) {
+	s := newStdioEnds(req.Id, req.Terminal, streams, times)
 	defer func() {
 		if retErr != nil {
 			s.closeFiles()
@@ -178,10 +214,16 @@ func (s *stdio) closeFiles() {
 	s.stdinMu.Unlock()
 }
 
-// start launches the copiers; call once the process runs.
-func (s *stdio) start() {
-	if in := s.streams[api.StreamStdin]; in != nil {
-		go s.copyStdin(in)
+// start launches the copiers; call once the process runs. ctx carries
+// the logger of the call that started it.
+func (s *stdio) start(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	if in := s.ends[api.StreamStdin]; in != nil {
+		var dst io.Writer = s.stdinW
+		if s.terminal {
+			dst = s.console
+		}
+		go s.copyStdin(ctx, in, dst)
 	} else {
 		s.stdinMu.Lock()
 		s.stdinDone = true
@@ -189,28 +231,42 @@ func (s *stdio) start() {
 	}
 	if s.terminal {
 		s.outputWG.Add(1)
-		go s.copyOutput(s.console, s.streams[api.StreamStdout])
+		go s.copyOutput(ctx, s.console, s.ends[api.StreamStdout])
 		return
 	}
 	i := 0
 	for _, kind := range []api.StreamKind{api.StreamStdout, api.StreamStderr} {
-		if st := s.streams[kind]; st != nil {
+		if e := s.ends[kind]; e != nil {
 			s.outputWG.Add(1)
-			go s.copyOutput(s.outputs[i], st)
+			go s.copyOutput(ctx, s.outputs[i], e)
 			i++
 		}
 	}
 }
 
-func (s *stdio) copyStdin(in net.Conn) {
-	var dst io.Writer
-	if s.terminal {
-		dst = s.console
-	} else {
-		dst = s.stdinW
-	}
+// copyStdin copies what the host sends on in's stream to dst (the stdin
+// pipe or the console) until the host half-closes it, CloseStdin, or the
+// process stops reading; then a pipe is closed, so the process reads EOF.
+// A stream whose session ended is awaited again (see recover).
+func (s *stdio) copyStdin(ctx context.Context, in *hostEnd, dst io.Writer) {
 	buf := make([]byte, copyBufSize)
-	_, _ = io.CopyBuffer(dst, readerOnly{in}, buf)
+	for {
+		a := in.current()
+		if a.conn == nil {
+			break
+		}
+		n, err := a.conn.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				// The process closed its stdin, or is gone.
+				break
+			}
+		}
+		if err != nil {
+			s.recover(ctx, in, a, err)
+		}
+	}
+	in.finishInput()
 	s.stdinMu.Lock()
 	defer s.stdinMu.Unlock()
 	s.stdinDone = true
@@ -232,8 +288,8 @@ func (s *stdio) closeStdin() error {
 	if s.stdinDone {
 		return nil
 	}
-	if in := s.streams[api.StreamStdin]; in != nil {
-		return in.SetReadDeadline(time.Now())
+	if in := s.ends[api.StreamStdin]; in != nil {
+		return in.askClose()
 	}
 	return nil
 }
@@ -245,15 +301,11 @@ func (s *stdio) resize(width, height uint32) error {
 	return setWinsize(s.console, width, height)
 }
 
-// copyOutput copies src to dst (nil: discard) until EOF, or until nothing
-// arrived for drainIdle after the process exited. It half-closes dst at
-// the end so the host reads EOF.
-func (s *stdio) copyOutput(src *os.File, dst net.Conn) {
+// copyOutput copies src to out's stream (nil: discard) until EOF, or
+// until nothing arrived for drainIdle after the process exited. It
+// half-closes the stream at the end so the host reads EOF.
+func (s *stdio) copyOutput(ctx context.Context, src *os.File, out *hostEnd) {
 	defer s.outputWG.Done()
-	var w io.Writer = io.Discard
-	if dst != nil {
-		w = dst
-	}
 	buf := make([]byte, copyBufSize)
 	for {
 		if s.exited.Load() {
@@ -261,11 +313,7 @@ func (s *stdio) copyOutput(src *os.File, dst net.Conn) {
 		}
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				// The host is gone; keep draining so the process
-				// never blocks on a full pipe.
-				w = io.Discard
-			}
+			s.send(ctx, out, buf[:n])
 		}
 		if err != nil {
 			// EOF for pipes; EIO for a pty master once the last slave
@@ -273,17 +321,115 @@ func (s *stdio) copyOutput(src *os.File, dst net.Conn) {
 			break
 		}
 	}
-	if dst != nil {
-		_ = dst.Close()
+	if out != nil {
+		out.finish()
 	}
 	if src != s.console {
 		_ = src.Close()
 	}
 }
 
+// send writes b to out's stream. What a failed write left unwritten goes
+// to the stream that replaces it, when one does (see recover); without one
+// it is discarded, and so is what follows until an AttachProcess. The pipe
+// is not read meanwhile. The frame a write was waiting on when its
+// session ended counts as unwritten (yamux answers ErrSessionShutdown
+// whether or not it went out): it goes again to the new stream, at least
+// once rather than at most.
+func (s *stdio) send(ctx context.Context, out *hostEnd, b []byte) {
+	if out == nil {
+		return
+	}
+	for len(b) > 0 {
+		a := out.current()
+		if a.conn == nil {
+			return
+		}
+		n, err := a.conn.Write(b)
+		b = b[n:]
+		if err != nil {
+			s.recover(ctx, out, a, err)
+		}
+	}
+}
+
+// recover settles what follows the failure of e's stream a, after which
+// the copier goes on with e's current stream (detached: nil):
+//
+//   - a was replaced meanwhile (AttachProcess): with its replacement.
+//   - CloseStdin was asked for: detached, so stdin reads EOF.
+//   - a's session ended: with the stream an AttachProcess brings within
+//     reattachTimeout; detached if none does, or the process is released.
+//   - the host ended a (half-closed or reset it) in a session that goes
+//     on: detached, as it always was.
+func (s *stdio) recover(ctx context.Context, e *hostEnd, a attached, err error) {
+	if e.replacedSince(a.gen) {
+		return
+	}
+	if e.closeRequested() {
+		e.detach(a.gen)
+		return
+	}
+	if !sessionOver(a, err) {
+		e.detach(a.gen)
+		return
+	}
+	lg := log.G(ctx).WithField("process", s.id).WithField("stream", e.kind.String())
+	lg.WithError(err).Info("the session of a stdio stream ended; waiting for AttachProcess")
+	if e.await(a.gen, s.reattachTimeout, s.released) {
+		lg.Info("stdio stream reattached")
+		return
+	}
+	if e.detach(a.gen) {
+		lg.WithField("timeout", s.reattachTimeout).Warn("no stdio stream reattached in time; detaching it")
+	}
+}
+
+// sessionEndGrace is how long a stream that failed in its session's
+// connection (not in itself) waits for the session to be seen ended:
+// yamux reports such a failure to the writer just before it ends the
+// session.
+const sessionEndGrace = time.Second
+
+// sessionOver reports whether stream a failed because the session it came
+// in on ended, rather than because the host or the agent ended the stream
+// itself while the session goes on.
+func sessionOver(a attached, err error) bool {
+	if a.sessionEnd == nil {
+		return false
+	}
+	select {
+	case <-a.sessionEnd:
+		return true
+	default:
+	}
+	if streamFailure(err) {
+		return false
+	}
+	t := time.NewTimer(sessionEndGrace)
+	defer t.Stop()
+	select {
+	case <-a.sessionEnd:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// streamFailure reports whether err ends one stream of a session and
+// not the session: the host half-closed (EOF) or reset the stream, or the
+// agent closed it or ended a wait with a deadline. A session that ends
+// fails its streams with these too, but it is seen ended first.
+func streamFailure(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) || errors.Is(err, yamux.ErrStreamClosed) ||
+		errors.Is(err, yamux.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
 // processExited bounds the output drain and waits for it: the ordering
 // rule is that a process's exit becomes visible only after its output was
-// written to the host.
+// written to the host. A copier waiting for AttachProcess holds the exit
+// back until it is reattached or gives up; drainIdle bounds only the
+// reads of the pipes.
 func (s *stdio) processExited() {
 	s.exited.Store(true)
 	for _, f := range s.outputs {
@@ -292,14 +438,53 @@ func (s *stdio) processExited() {
 	s.outputWG.Wait()
 }
 
+// wantedStreams checks that the process has each kind AttachProcess asks
+// for and lists them.
+func (s *stdio) wantedStreams(stdin, stdout, stderr bool) ([]api.StreamKind, error) {
+	var want []api.StreamKind
+	for _, k := range []struct {
+		kind  api.StreamKind
+		asked bool
+	}{{api.StreamStdin, stdin}, {api.StreamStdout, stdout}, {api.StreamStderr, stderr}} {
+		if !k.asked {
+			continue
+		}
+		if s.ends[k.kind] == nil {
+			if s.terminal && k.kind == api.StreamStderr {
+				return nil, fmt.Errorf("process %s has a terminal: its output is on stdout, there is no stderr stream to attach: %w", s.id, errdefs.ErrInvalidArgument)
+			}
+			return nil, fmt.Errorf("process %s was started without a %s stream (it has /dev/null there): there is none to attach: %w", s.id, k.kind, errdefs.ErrInvalidArgument)
+		}
+		want = append(want, k.kind)
+	}
+	return want, nil
+}
+
+// errReleased is attach's error once the process was waited for.
+var errReleased = errors.New("the process's stdio was released")
+
+// attach hands the process's stdio to streams: each kind there replaces
+// the stream of its hostEnd, whose copier goes on with it; every other
+// kind is detached (output discarded, stdin at EOF). The caller still
+// owns streams if it fails.
+func (s *stdio) attach(streams streamSet) error {
+	select {
+	case <-s.released:
+		return errReleased
+	default:
+	}
+	for kind, e := range s.ends {
+		e.replace(streams[kind])
+	}
+	return nil
+}
+
 // release closes what remains once the exit status was collected.
 func (s *stdio) release() {
-	for _, c := range s.streams {
-		// Close is a half-close; the deadline also ends a stdin copy
-		// still waiting for the host.
-		_ = c.SetDeadline(time.Now())
+	s.releaseOnce.Do(func() { close(s.released) })
+	for _, e := range s.ends {
+		e.drop()
 	}
-	s.streams.closeAll()
 	s.stdinMu.Lock()
 	if s.stdinW != nil {
 		_ = s.stdinW.Close()
@@ -311,9 +496,193 @@ func (s *stdio) release() {
 	}
 }
 
-// readerOnly hides a stream's WriteTo/ReadFrom so CopyBuffer uses the
-// bounded buffer.
-type readerOnly struct{ io.Reader }
+// hostEnd is one of a process's stdio streams towards the host as its
+// copier sees it: the stream attached now, which AttachProcess may
+// replace with one of another session.
+type hostEnd struct {
+	kind api.StreamKind
+
+	// mu guards the fields below. No I/O is done under it but the
+	// setting of deadlines.
+	mu sync.Mutex
+	// cur is the stream attached now; cur.conn is nil while detached.
+	cur attached
+	// swapped is closed, and made anew, each time cur changes.
+	swapped chan struct{}
+	// finished is set once the copier has ended: a stream attached
+	// later is closed at once, so that its host reads EOF.
+	finished bool
+	// closing is set by CloseStdin (stdin only): the copy ends at the
+	// next failed read, once what the host sent is delivered.
+	closing bool
+	// closeAsked is closed when closing is set.
+	closeAsked chan struct{}
+}
+
+// attached is a stream of a hostEnd.
+type attached struct {
+	// conn is the stream; nil: none (output is discarded, stdin is at
+	// EOF).
+	conn net.Conn
+	// sessionEnd is closed when the session conn came in on ends; nil
+	// when there is none to tell.
+	sessionEnd <-chan struct{}
+	// gen numbers the streams of one hostEnd: a copier whose stream
+	// failed tells by it whether the stream was replaced meanwhile.
+	gen uint64
+}
+
+func newHostEnd(kind api.StreamKind, conn net.Conn) *hostEnd {
+	return &hostEnd{
+		kind:       kind,
+		cur:        attached{conn: conn, sessionEnd: sessionEnd(conn)},
+		swapped:    make(chan struct{}),
+		closeAsked: make(chan struct{}),
+	}
+}
+
+// current returns the stream attached now.
+func (e *hostEnd) current() attached {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cur
+}
+
+// setLocked makes conn the current stream and returns the one it
+// replaces.
+func (e *hostEnd) setLocked(conn net.Conn) net.Conn {
+	old := e.cur.conn
+	e.cur = attached{conn: conn, sessionEnd: sessionEnd(conn), gen: e.cur.gen + 1}
+	close(e.swapped)
+	e.swapped = make(chan struct{})
+	return old
+}
+
+// replace attaches conn (nil: detaches) in place of the current stream,
+// which is closed: a copier blocked on it fails and goes on with conn.
+func (e *hostEnd) replace(conn net.Conn) {
+	e.mu.Lock()
+	if e.finished {
+		e.mu.Unlock()
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	if e.closing && conn != nil {
+		// What the new host sends before the close is still read.
+		_ = conn.SetReadDeadline(time.Now())
+	}
+	old := e.setLocked(conn)
+	e.mu.Unlock()
+	dropStream(old)
+}
+
+// detach drops stream generation gen, if it is still current, and
+// reports whether it was.
+func (e *hostEnd) detach(gen uint64) bool {
+	e.mu.Lock()
+	if e.cur.gen != gen {
+		e.mu.Unlock()
+		return false
+	}
+	old := e.setLocked(nil)
+	e.mu.Unlock()
+	dropStream(old)
+	return true
+}
+
+// replacedSince reports whether the stream of generation gen is no
+// longer current.
+func (e *hostEnd) replacedSince(gen uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cur.gen != gen
+}
+
+// await waits until the stream of generation gen is replaced, at most
+// timeout, and not past done or a CloseStdin, and reports whether it was.
+func (e *hostEnd) await(gen uint64, timeout time.Duration, done <-chan struct{}) bool {
+	e.mu.Lock()
+	if e.cur.gen != gen {
+		e.mu.Unlock()
+		return true
+	}
+	swapped, closeAsked := e.swapped, e.closeAsked
+	e.mu.Unlock()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-swapped:
+		return true
+	case <-t.C:
+	case <-done:
+	case <-closeAsked:
+	}
+	return false
+}
+
+// askClose has the stdin copy end once what the host sent is delivered:
+// the deadline ends its wait for more.
+func (e *hostEnd) askClose() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.closing {
+		e.closing = true
+		close(e.closeAsked)
+	}
+	if e.cur.conn != nil {
+		return e.cur.conn.SetReadDeadline(time.Now())
+	}
+	return nil
+}
+
+func (e *hostEnd) closeRequested() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
+}
+
+// finish is the end of an output copier: the stream is half-closed, so
+// that the host reads EOF, and streams attached later are closed at once.
+func (e *hostEnd) finish() {
+	e.mu.Lock()
+	e.finished = true
+	old := e.setLocked(nil)
+	e.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+}
+
+// finishInput is the end of the stdin copier: streams attached later are
+// closed at once. The stream itself stays open until release, so that
+// what the host still sends waits in its window (a closed stream would
+// have the session discard it, warning at every frame).
+func (e *hostEnd) finishInput() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.finished = true
+}
+
+// drop closes the stream for good, ending a copier's wait on it.
+func (e *hostEnd) drop() {
+	e.mu.Lock()
+	e.finished = true
+	old := e.setLocked(nil)
+	e.mu.Unlock()
+	dropStream(old)
+}
+
+// dropStream closes a stream no copier is to use again; the deadline
+// ends a Read or Write blocked on it (Close alone is a half-close).
+func dropStream(c net.Conn) {
+	if c == nil {
+		return
+	}
+	_ = c.SetDeadline(time.Now())
+	_ = c.Close()
+}
 
 // openPty opens a new pty pair. The master stays non-blocking so that it
 // can be read with deadlines.

@@ -11,9 +11,21 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/hashicorp/yamux"
 
 	"github.com/cocoonrt/cocoon/guest/api"
 )
+
+// sessionEnd returns a channel closed when the agent session that c is a
+// stream of ends: a stdio stream whose session ended is not the host's
+// choice to stop, and its process waits for AttachProcess instead. nil
+// (never closed) for a conn that is no session's stream.
+func sessionEnd(c net.Conn) <-chan struct{} {
+	if st, ok := c.(interface{ Session() *yamux.Session }); ok {
+		return st.Session().CloseChan()
+	}
+	return nil
+}
 
 // streamSet holds the streams of one id by kind: a process's stdio, or
 // an export's layer stream.

@@ -1521,6 +1521,76 @@ func (x *CloseStdinRequest) GetId() string {
 	return ""
 }
 
+type AttachProcessRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// stdin, stdout, stderr say which stdio streams the host opens for the
+	// process, as in StartProcessRequest; the rest are detached.
+	Stdin         bool `protobuf:"varint,2,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout        bool `protobuf:"varint,3,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr        bool `protobuf:"varint,4,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachProcessRequest) Reset() {
+	*x = AttachProcessRequest{}
+	mi := &file_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachProcessRequest) ProtoMessage() {}
+
+func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
+func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *AttachProcessRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AttachProcessRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *AttachProcessRequest) GetStdout() bool {
+	if x != nil {
+		return x.Stdout
+	}
+	return false
+}
+
+func (x *AttachProcessRequest) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
+}
+
 type FreezeFilesystemsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// frozen is how many filesystems are frozen.
@@ -1531,7 +1601,7 @@ type FreezeFilesystemsResponse struct {
 
 func (x *FreezeFilesystemsResponse) Reset() {
 	*x = FreezeFilesystemsResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1613,7 @@ func (x *FreezeFilesystemsResponse) String() string {
 func (*FreezeFilesystemsResponse) ProtoMessage() {}
 
 func (x *FreezeFilesystemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1626,7 @@ func (x *FreezeFilesystemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeFilesystemsResponse.ProtoReflect.Descriptor instead.
 func (*FreezeFilesystemsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FreezeFilesystemsResponse) GetFrozen() uint32 {
@@ -1577,7 +1647,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1659,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1672,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1634,7 +1704,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1716,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1729,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1762,14 +1832,19 @@ const file_agent_proto_rawDesc = "" +
 	"\x06signal\x18\x02 \x01(\rR\x06signal\x12\x14\n" +
 	"\x05group\x18\x03 \x01(\bR\x05group\"#\n" +
 	"\x11CloseStdinRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"3\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"l\n" +
+	"\x14AttachProcessRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05stdin\x18\x02 \x01(\bR\x05stdin\x12\x16\n" +
+	"\x06stdout\x18\x03 \x01(\bR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"3\n" +
 	"\x19FreezeFilesystemsResponse\x12\x16\n" +
 	"\x06frozen\x18\x01 \x01(\rR\x06frozen\"P\n" +
 	"\x10ResizePtyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\x8f\x0e\n" +
+	"\x0fShutdownRequest2\xee\x0e\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -1778,7 +1853,8 @@ const file_agent_proto_rawDesc = "" +
 	"\rSignalProcess\x12%.cocoon.agent.v1.SignalProcessRequest\x1a\x16.cocoon.agent.v1.Empty\x12H\n" +
 	"\n" +
 	"CloseStdin\x12\".cocoon.agent.v1.CloseStdinRequest\x1a\x16.cocoon.agent.v1.Empty\x12F\n" +
-	"\tResizePty\x12!.cocoon.agent.v1.ResizePtyRequest\x1a\x16.cocoon.agent.v1.Empty\x12D\n" +
+	"\tResizePty\x12!.cocoon.agent.v1.ResizePtyRequest\x1a\x16.cocoon.agent.v1.Empty\x12]\n" +
+	"\rAttachProcess\x12%.cocoon.agent.v1.AttachProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12D\n" +
 	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\x11FreezeFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a*.cocoon.agent.v1.FreezeFilesystemsResponse\x12A\n" +
 	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12a\n" +
@@ -1808,7 +1884,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                   // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),          // 1: cocoon.agent.v1.ContainerRequest
@@ -1835,9 +1911,10 @@ var file_agent_proto_goTypes = []any{
 	(*WaitProcessResponse)(nil),       // 22: cocoon.agent.v1.WaitProcessResponse
 	(*SignalProcessRequest)(nil),      // 23: cocoon.agent.v1.SignalProcessRequest
 	(*CloseStdinRequest)(nil),         // 24: cocoon.agent.v1.CloseStdinRequest
-	(*FreezeFilesystemsResponse)(nil), // 25: cocoon.agent.v1.FreezeFilesystemsResponse
-	(*ResizePtyRequest)(nil),          // 26: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),           // 27: cocoon.agent.v1.ShutdownRequest
+	(*AttachProcessRequest)(nil),      // 25: cocoon.agent.v1.AttachProcessRequest
+	(*FreezeFilesystemsResponse)(nil), // 26: cocoon.agent.v1.FreezeFilesystemsResponse
+	(*ResizePtyRequest)(nil),          // 27: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),           // 28: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
@@ -1850,46 +1927,48 @@ var file_agent_proto_depIdxs = []int32{
 	21, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
 	23, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
 	24, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	26, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	27, // 11: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	14, // 12: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
-	14, // 13: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
-	6,  // 14: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 15: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	7,  // 16: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	8,  // 17: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 18: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 19: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 20: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 21: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 22: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 23: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 24: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	12, // 25: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	16, // 26: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	18, // 27: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	20, // 28: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	22, // 29: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	14, // 30: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	14, // 31: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	14, // 32: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	14, // 33: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	25, // 34: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
-	14, // 35: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
-	20, // 36: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 37: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	20, // 38: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 39: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 40: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 41: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	14, // 42: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 43: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 44: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 45: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	11, // 46: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	13, // 47: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	26, // [26:48] is the sub-list for method output_type
-	4,  // [4:26] is the sub-list for method input_type
+	27, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	25, // 11: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
+	28, // 12: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	14, // 13: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
+	14, // 14: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
+	6,  // 15: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 16: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	7,  // 17: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	8,  // 18: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 19: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 20: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 21: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 22: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 23: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 24: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 25: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	12, // 26: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	16, // 27: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	18, // 28: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	20, // 29: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	22, // 30: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	14, // 31: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	14, // 32: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	14, // 33: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	20, // 34: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 35: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	26, // 36: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	14, // 37: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	20, // 38: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 39: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	20, // 40: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 41: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 42: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 43: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	14, // 44: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 45: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 46: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 47: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	11, // 48: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	13, // 49: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	27, // [27:50] is the sub-list for method output_type
+	4,  // [4:27] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1906,7 +1985,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

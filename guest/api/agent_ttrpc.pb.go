@@ -15,6 +15,7 @@ type AgentService interface {
 	SignalProcess(context.Context, *SignalProcessRequest) (*Empty, error)
 	CloseStdin(context.Context, *CloseStdinRequest) (*Empty, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*Empty, error)
+	AttachProcess(context.Context, *AttachProcessRequest) (*StartProcessResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
 	FreezeFilesystems(context.Context, *Empty) (*FreezeFilesystemsResponse, error)
 	ThawFilesystems(context.Context, *Empty) (*Empty, error)
@@ -83,6 +84,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ResizePty(ctx, &req)
+			},
+			"AttachProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req AttachProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.AttachProcess(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ShutdownRequest
@@ -254,6 +262,14 @@ func (c *agentClient) CloseStdin(ctx context.Context, req *CloseStdinRequest) (*
 func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ResizePty", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) AttachProcess(ctx context.Context, req *AttachProcessRequest) (*StartProcessResponse, error) {
+	var resp StartProcessResponse
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "AttachProcess", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

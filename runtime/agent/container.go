@@ -156,8 +156,9 @@ func (c *Client) ExecProcess(ctx context.Context, spec ExecCreate) (*Process, er
 }
 
 // startWithStdio opens the stdio streams of process id, then makes the
-// call that starts it, as Start does for plain processes. On error the
-// streams are closed and nothing is left in the guest.
+// call that starts it, as Start does for plain processes, or that attaches
+// them to it (AttachProcess). On error the streams are closed and nothing
+// is left in the guest.
 func (c *Client) startWithStdio(ctx context.Context, op, id string, stdin io.Reader, stdout, stderr io.Writer, call func(context.Context) (uint32, error)) (_ *Process, retErr error) {
 	if err := api.ValidID(id); err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", op, errdefs.ErrInvalidArgument, err)
