@@ -148,8 +148,11 @@ var (
 		rule: "only a paused container can be resumed"}
 	opDelete = lifecycleOp{doing: "deleted", from: []containerState{stateCreated, stateStopped}, to: stateStopped,
 		rule: "kill it and let it stop before deleting it", quiesce: true, needsThawed: true}
-	opExport = lifecycleOp{doing: "exported", from: []containerState{stateCreated, stateStopped}, stay: true,
-		rule: "only a created or stopped container's writable layer can be exported", quiesce: true, needsThawed: true}
+	// A paused container's processes are frozen, so its layer holds
+	// still while it is read: the host takes it at pause, for commits
+	// and checkpoints.
+	opExport = lifecycleOp{doing: "exported", from: []containerState{stateCreated, statePaused, stateStopped}, stay: true,
+		rule: "only a created, paused or stopped container's writable layer can be exported", quiesce: true, needsThawed: true}
 )
 
 // container is one container that the OCI runtime runs in the guest.

@@ -20,7 +20,7 @@ import (
 // must not keep the container busy.
 const exportStall = 30 * time.Second
 
-// ExportLayer writes a created or stopped container's writable layer to
+// ExportLayer writes a created, paused or stopped container's writable layer to
 // the layer stream the host opened, as a layer diff (writeLayerDiff), if
 // anything was written to it since its overlay was assembled; the stream
 // is closed before the answer. The container is busy meanwhile: no
