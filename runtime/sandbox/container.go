@@ -73,8 +73,11 @@ type containers struct {
 	// disk attach.
 	mu   sync.Mutex
 	byID map[string]*container
-	// seq numbers the guest process ids.
-	seq uint64
+	// seq numbers the guest process ids, after prefix ("p" in a booted
+	// sandbox; a restored one's guest still knows the ids of the sandbox
+	// it was saved from, so it takes a prefix of its own).
+	seq    uint64
+	prefix string
 	// closed is set once the sandbox stopped.
 	closed bool
 	// events is Events' channel, made on the first call; loopDone is
@@ -87,6 +90,17 @@ type containers struct {
 // container is one container of the sandbox, as the host knows it.
 type container struct {
 	id string
+	// guest is the id the guest knows the container by: id, or for a
+	// container restored from a checkpoint under a new id, the id it
+	// had when saved.
+	guest string
+	// stdio is the shape of the init's stdio, which a checkpoint
+	// records so that a restore can attach it again.
+	stdio stdioShape
+	// restored is set for a container brought back from a checkpoint
+	// until StartContainer thaws it: its processes run already, frozen
+	// since the save.
+	restored bool
 	// dir is the container's directory under the data dir.
 	dir string
 	// busy is set while the container is created or deleted; guarded
@@ -112,7 +126,10 @@ func (c *containers) processID() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++
-	return fmt.Sprintf("p%d", c.seq)
+	if c.prefix == "" {
+		c.prefix = "p"
+	}
+	return fmt.Sprintf("%s%d", c.prefix, c.seq)
 }
 
 // reserve records a container being created.
@@ -128,7 +145,7 @@ func (c *containers) reserve(id, dir string) (*container, error) {
 	if _, ok := c.byID[id]; ok {
 		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
 	}
-	ct := &container{id: id, dir: dir, busy: true}
+	ct := &container{id: id, guest: id, dir: dir, busy: true}
 	c.byID[id] = ct
 	return ct, nil
 }
@@ -259,6 +276,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	}
 	s.containers.mu.Lock()
 	ct.init = init
+	ct.stdio = stdioShape{Terminal: guest.Process.Terminal, Stdin: c.Stdin != nil, Stdout: c.Stdout != nil, Stderr: stderr != nil}
 	ct.busy = false
 	s.containers.mu.Unlock()
 	log.G(ctx).WithField("process", init.ID()).WithField("pid", init.Pid()).WithField("disks", len(ct.disks)).Info("container created")
@@ -375,25 +393,40 @@ func (s *Sandbox) enterBusy(id, what string) (_ *container, done func(), _ error
 
 // StartContainer starts the container's init.
 func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id, "start")
+	ct, leave, err := s.enter(id, "start")
 	if err != nil {
 		return err
 	}
 	defer leave()
-	return s.agent.StartContainer(ctx, id)
+	if s.takeRestored(ct) {
+		// Its processes run since the save, frozen: starting it lets
+		// them go on, now that the guest has its clock and entropy.
+		return s.agent.ResumeContainer(ctx, ct.guest)
+	}
+	return s.agent.StartContainer(ctx, ct.guest)
+}
+
+// takeRestored reports whether ct was restored and not started yet, and
+// marks it started.
+func (s *Sandbox) takeRestored(ct *container) bool {
+	s.containers.mu.Lock()
+	defer s.containers.mu.Unlock()
+	r := ct.restored
+	ct.restored = false
+	return r
 }
 
 // KillContainer signals the container's init, or with all every process
 // of the container. A stopped container is errdefs.ErrNotFound.
 func (s *Sandbox) KillContainer(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	_, leave, err := s.enter(id, "signal", PhaseReady, PhaseDead)
+	ct, leave, err := s.enter(id, "signal", PhaseReady, PhaseDead)
 	if err != nil {
 		return err
 	}
 	defer leave()
 	err = errdefs.ErrUnavailable
 	if !s.dead() {
-		err = s.agent.KillContainer(ctx, id, sig, all)
+		err = s.agent.KillContainer(ctx, ct.guest, sig, all)
 	}
 	if errdefs.IsUnavailable(err) && s.diedMeanwhile(ctx) {
 		// containerd and CRI take NotFound as "already gone".
@@ -422,7 +455,7 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 		if err := s.copyBack(ctx, ct); err != nil {
 			return err
 		}
-		err := s.agent.DeleteContainer(ctx, id)
+		err := s.agent.DeleteContainer(ctx, ct.guest)
 		switch {
 		case err == nil:
 		case errdefs.IsUnavailable(err) && s.diedMeanwhile(ctx):
@@ -460,27 +493,33 @@ func (s *Sandbox) FlushContainer(ctx context.Context, id string) error {
 
 // PauseContainer freezes the container.
 func (s *Sandbox) PauseContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id, "pause")
+	ct, leave, err := s.enter(id, "pause")
 	if err != nil {
 		return err
 	}
 	defer leave()
-	return s.agent.PauseContainer(ctx, id)
+	if err := s.agent.PauseContainer(ctx, ct.guest); err != nil {
+		return err
+	}
+	// What it wrote reaches the host while it is frozen, so that a
+	// commit or checkpoint --rw, which pause first, sees it.
+	s.syncLayer(ctx, ct)
+	return nil
 }
 
 // ResumeContainer thaws the container.
 func (s *Sandbox) ResumeContainer(ctx context.Context, id string) error {
-	_, leave, err := s.enter(id, "resume")
+	ct, leave, err := s.enter(id, "resume")
 	if err != nil {
 		return err
 	}
 	defer leave()
-	return s.agent.ResumeContainer(ctx, id)
+	return s.agent.ResumeContainer(ctx, ct.guest)
 }
 
 // UpdateContainer applies new resource limits to the container.
 func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.LinuxResources) error {
-	_, leave, err := s.enter(id, "update")
+	ct, leave, err := s.enter(id, "update")
 	if err != nil {
 		return err
 	}
@@ -492,27 +531,27 @@ func (s *Sandbox) UpdateContainer(ctx context.Context, id string, r *specs.Linux
 	if err != nil {
 		return fmt.Errorf("update container %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
 	}
-	return s.agent.UpdateContainer(ctx, id, data)
+	return s.agent.UpdateContainer(ctx, ct.guest, data)
 }
 
 // ContainerStats returns the container's cgroup v2 statistics.
 func (s *Sandbox) ContainerStats(ctx context.Context, id string) (*cgroupsv2stats.Metrics, error) {
-	_, leave, err := s.enter(id, "read the statistics of")
+	ct, leave, err := s.enter(id, "read the statistics of")
 	if err != nil {
 		return nil, err
 	}
 	defer leave()
-	return s.agent.ContainerStats(ctx, id)
+	return s.agent.ContainerStats(ctx, ct.guest)
 }
 
 // ContainerPids lists the guest pids of the container's processes.
 func (s *Sandbox) ContainerPids(ctx context.Context, id string) ([]uint32, error) {
-	_, leave, err := s.enter(id, "list the processes of")
+	ct, leave, err := s.enter(id, "list the processes of")
 	if err != nil {
 		return nil, err
 	}
 	defer leave()
-	return s.agent.ContainerPids(ctx, id)
+	return s.agent.ContainerPids(ctx, ct.guest)
 }
 
 // closeContainers ends the event loop and gives back the rootfs of every

@@ -92,7 +92,7 @@ func (s *Sandbox) eventLoop(ctx context.Context, events chan<- Event, done chan<
 		var ev Event
 		switch e.Kind {
 		case agent.EventOOM:
-			ev = Event{Kind: EventOOM, ContainerID: e.ContainerID, OOMKills: e.OOMKills}
+			ev = Event{Kind: EventOOM, ContainerID: s.containers.hostID(e.ContainerID), OOMKills: e.OOMKills}
 		default:
 			log.G(ctx).WithField("container", e.ContainerID).Debug("unknown guest event dropped")
 			continue
@@ -103,4 +103,17 @@ func (s *Sandbox) eventLoop(ctx context.Context, events chan<- Event, done chan<
 			return
 		}
 	}
+}
+
+// hostID is the id of the container the guest knows as guest: they
+// differ for a container restored under a new id.
+func (c *containers) hostID(guest string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, ct := range c.byID {
+		if ct.guest == guest {
+			return id
+		}
+	}
+	return guest
 }

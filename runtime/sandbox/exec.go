@@ -28,7 +28,7 @@ const undoNotFoundTries = 3
 // ExecProcess runs p in the container; execID is containerd's exec id.
 // The process's stdio is wired as in CreateContainer.
 func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (*agent.Process, error) {
-	_, leave, err := s.enter(containerID, "exec in")
+	ct, leave, err := s.enter(containerID, "exec in")
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +46,7 @@ func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p
 	}
 	pid := s.containers.processID()
 	proc, err := s.agent.ExecProcess(ctx, agent.ExecCreate{
-		ContainerID: containerID,
+		ContainerID: ct.guest,
 		ProcessID:   pid,
 		Process:     data,
 		Stdin:       stdin,

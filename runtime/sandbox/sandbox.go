@@ -105,6 +105,10 @@ type Sandbox struct {
 	vm          hypervisor.VM
 	agent       *agent.Client
 	stopTimeout time.Duration
+	// spec is what the VM was launched with (without its restore
+	// source); image the guest image. A checkpoint records both.
+	spec  hypervisor.Spec
+	image *image.Image
 
 	// rootfs is Options.Rootfs.
 	rootfs RootfsCache
@@ -132,7 +136,12 @@ type Sandbox struct {
 // Start launches a VM and returns once its agent is ready and the guest
 // has its clock, entropy and hostname. On error nothing is left running
 // and the state directory is gone.
-func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
+func Start(ctx context.Context, o Options) (*Sandbox, error) {
+	return start(ctx, o, nil)
+}
+
+// start is Start, or with r a restore from a checkpoint (restore.go).
+func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr error) {
 	if err := ValidName("namespace", o.Namespace); err != nil {
 		return nil, err
 	}
@@ -151,12 +160,16 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		return nil, err
 	}
 	log.G(ctx).WithField("accel", accel).WithField("accel_reason", accelWhy).
-		WithField("channel", ch).WithField("channel_reason", chWhy).Info("starting sandbox")
+		WithField("channel", ch).WithField("channel_reason", chWhy).WithField("restore", r != nil).Info("starting sandbox")
 
 	if err := o.Image.Verify(filepath.Join(cfg.Runtime.DataDir, "image")); err != nil {
 		return nil, err
 	}
 
+	phase := PhaseBooting
+	if r != nil {
+		phase = PhaseRestoring
+	}
 	s := &Sandbox{
 		Namespace: o.Namespace, ID: o.ID,
 		Dir:   filepath.Join(cfg.Runtime.StateDir, o.Namespace, o.ID),
@@ -164,10 +177,31 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		stopTimeout:   cfg.Runtime.StopTimeout.Duration,
 		agentTimeout:  cfg.Runtime.AgentTimeout.Duration,
 		rootfs:        o.Rootfs,
+		image:         o.Image,
 		containersDir: filepath.Join(cfg.Runtime.DataDir, ContainersDirName, o.Namespace, o.ID),
-		life:          newLifecycle(PhaseBooting),
+		life:          newLifecycle(phase),
 		watchDone:     make(chan struct{}),
 		stopped:       make(chan struct{}),
+	}
+	s.spec = hypervisor.Spec{
+		ID:              o.ID,
+		StateDir:        s.Dir,
+		Kernel:          o.Image.KernelPath(),
+		Initrd:          o.Image.InitrdPath(),
+		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
+		KernelHZ:        o.Image.Manifest.Kernel.HZ,
+		VCPUs:           cfg.Hypervisor.VCPUs,
+		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
+		Accel:           accel,
+		Channel:         ch,
+		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
+	}
+	if r != nil {
+		// Everything the checkpoint says is checked before anything is
+		// made or launched.
+		if err := r.verify(s); err != nil {
+			return nil, err
+		}
 	}
 	if err := makeStateDir(s.Dir); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -187,25 +221,25 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 
 	startCtx, cancel := context.WithTimeout(ctx, cfg.Runtime.StartTimeout.Duration)
 	defer cancel()
+	spec := s.spec
+	if r != nil {
+		if spec.Restore, err = r.prepare(startCtx, s); err != nil {
+			return nil, err
+		}
+		defer spec.Restore.State.Close()
+	}
 	launched := time.Now()
-	s.vm, err = o.Driver.Launch(startCtx, hypervisor.Spec{
-		ID:              o.ID,
-		StateDir:        s.Dir,
-		Kernel:          o.Image.KernelPath(),
-		Initrd:          o.Image.InitrdPath(),
-		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
-		KernelHZ:        o.Image.Manifest.Kernel.HZ,
-		VCPUs:           cfg.Hypervisor.VCPUs,
-		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
-		Accel:           accel,
-		Channel:         ch,
-		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
-	})
+	s.vm, err = o.Driver.Launch(startCtx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("launch vm: %w", err)
 	}
 	if err := s.connect(startCtx); err != nil {
 		return nil, err
+	}
+	if r != nil {
+		if err := r.reattach(startCtx, s); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.life.to(PhaseReady); err != nil {
 		return nil, err
@@ -215,7 +249,8 @@ func Start(ctx context.Context, o Options) (_ *Sandbox, retErr error) {
 		s.die(ctx, fmt.Errorf("the guest agent did not answer %s within %v", method, s.agentTimeout))
 	})
 	go s.watch(context.WithoutCancel(ctx))
-	log.G(ctx).WithField("ready_ms", s.ReadyIn.Milliseconds()).WithField("guest_kernel", s.Guest.KernelRelease).Info("sandbox ready")
+	log.G(ctx).WithField("ready_ms", s.ReadyIn.Milliseconds()).WithField("guest_kernel", s.Guest.KernelRelease).
+		WithField("restored", r != nil).Info("sandbox ready")
 	return s, nil
 }
 
@@ -251,10 +286,12 @@ func (s *Sandbox) connect(ctx context.Context) error {
 	if err != nil {
 		return fail("connect", err)
 	}
+	// Connect waits for the agent to take the channel (its handshake):
+	// a guest that never gets there is not ready.
 	s.agent, err = agent.Connect(ctx, conn)
 	if err != nil {
 		conn.Close()
-		return fail("connect", err)
+		return fail("not ready", err)
 	}
 	info, err := s.agent.WaitReady(ctx)
 	if err != nil {
