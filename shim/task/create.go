@@ -18,9 +18,6 @@ import (
 
 // Create creates a container in the sandbox; the first one boots the VM.
 func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*taskapi.CreateTaskResponse, error) {
-	if r.Checkpoint != "" {
-		return nil, createRefused(errdefs.ErrNotImplemented.WithMessage("restoring a task from a checkpoint is not implemented yet in cocoon"))
-	}
 	spec, err := readSpec(r.Bundle)
 	if err != nil {
 		return nil, err
@@ -35,7 +32,11 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 		return nil, err
 	}
 	clock := startClock(nil)
-	p, pio, err := s.create(ctx, r, spec, &clock)
+	create := s.create
+	if r.Checkpoint != "" {
+		create = s.restore
+	}
+	p, pio, err := create(ctx, r, spec, &clock)
 	if err != nil {
 		// A failed first Create does not leave its VM up for nothing.
 		if vm := s.unreserve(r.ID); vm != nil {

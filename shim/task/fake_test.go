@@ -55,6 +55,22 @@ func (l *fakeLauncher) Launch(ctx context.Context, r LaunchRequest) (Sandbox, er
 	return sb, nil
 }
 
+// Restore boots a fake sandbox whose container c exists already, as a
+// restore from checkpoint leaves it.
+func (l *fakeLauncher) Restore(ctx context.Context, r LaunchRequest, checkpoint string, c ContainerSpec) (Sandbox, Process, error) {
+	sb, err := l.Launch(ctx, r)
+	if err != nil {
+		return nil, nil, err
+	}
+	fs := sb.(*fakeSandbox)
+	fs.record("restore %s from %s", c.ID, checkpoint)
+	p := newFakeProcess(100, c.Stdin, c.Stdout, c.Stderr)
+	fs.mu.Lock()
+	fs.procs[c.ID] = p
+	fs.mu.Unlock()
+	return fs, p, nil
+}
+
 func (l *fakeLauncher) sandbox(i int) *fakeSandbox {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -217,6 +233,11 @@ func (s *fakeSandbox) ContainerPids(ctx context.Context, id string) ([]uint32, e
 }
 
 func (s *fakeSandbox) Events() <-chan SandboxEvent { return s.events }
+
+func (s *fakeSandbox) Checkpoint(ctx context.Context, r CheckpointRequest) error {
+	s.record("checkpoint %s to %s exit=%v paused=%v ns=%s", r.ContainerID, r.Dir, r.Exit, r.Paused, r.Namespace)
+	return nil
+}
 
 // Dead is closed by die.
 func (s *fakeSandbox) Dead() <-chan struct{} { return s.dead }

@@ -6,7 +6,6 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -65,9 +64,4 @@ func (s *Service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*em
 		return nil, fmt.Errorf("update container %s: %w", r.ID, err)
 	}
 	return &emptypb.Empty{}, nil
-}
-
-// Checkpoint is not there yet: it will save the whole VM (DESIGN.md).
-func (s *Service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskRequest) (*emptypb.Empty, error) {
-	return nil, errdefs.ErrNotImplemented.WithMessage("checkpoint is not implemented yet in cocoon")
 }

@@ -20,6 +20,11 @@ type Launcher interface {
 	// Launch boots the sandbox and returns once its guest agent is ready.
 	// On error nothing is left running.
 	Launch(ctx context.Context, r LaunchRequest) (Sandbox, error)
+	// Restore brings a sandbox back from a checkpoint instead of
+	// booting it, with the checkpoint's container as c, and returns it
+	// with that container's init. The init's processes stay frozen
+	// until StartContainer. On error nothing is left running.
+	Restore(ctx context.Context, r LaunchRequest, checkpoint string, c ContainerSpec) (Sandbox, Process, error)
 }
 
 // LaunchRequest says which sandbox to boot and how.
@@ -84,6 +89,22 @@ type Sandbox interface {
 	// GuestTime is the time spent so far in calls the guest agent works
 	// on (not those waiting for exits or events).
 	GuestTime() time.Duration
+	// Checkpoint saves the whole VM into a directory (see
+	// CheckpointRequest).
+	Checkpoint(ctx context.Context, r CheckpointRequest) error
+}
+
+// CheckpointRequest is a checkpoint of the sandbox's container.
+type CheckpointRequest struct {
+	// ContainerID is the container asked for; Dir is containerd's
+	// directory for the checkpoint; Namespace is recorded in it.
+	ContainerID string
+	Dir         string
+	Namespace   string
+	// Exit ends the container once saved.
+	Exit bool
+	// Paused says the client paused the container first.
+	Paused bool
 }
 
 // ContainerSpec describes a container to create in the guest.

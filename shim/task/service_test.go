@@ -483,16 +483,6 @@ func TestQueries(t *testing.T) {
 	}
 }
 
-// TestCheckpointNotImplemented: the message is the one users see.
-func TestCheckpointNotImplemented(t *testing.T) {
-	ts := newTestService(t)
-	_, err := ts.svc.Checkpoint(context.Background(), &taskapi.CheckpointTaskRequest{ID: "c1"})
-	wantErr(t, err, errdefs.IsNotImplemented, "checkpoint")
-	if err.Error() != "checkpoint is not implemented yet in cocoon" {
-		t.Errorf("message %q", err.Error())
-	}
-}
-
 // TestCloseIO closes the process's stdin in the guest.
 func TestCloseIO(t *testing.T) {
 	ts := newTestService(t)

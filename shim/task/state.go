@@ -64,30 +64,32 @@ func (s state) status() tasktypes.Status {
 type op string
 
 const (
-	opStart   op = "start"
-	opPause   op = "pause"
-	opResume  op = "resume"
-	opKill    op = "signal"
-	opDelete  op = "delete"
-	opResize  op = "resize the terminal of"
-	opCloseIO op = "close the stdin of"
-	opUpdate  op = "update"
-	opExec    op = "exec in"
-	opExit    op = "record the exit of"
+	opStart      op = "start"
+	opPause      op = "pause"
+	opResume     op = "resume"
+	opKill       op = "signal"
+	opDelete     op = "delete"
+	opResize     op = "resize the terminal of"
+	opCloseIO    op = "close the stdin of"
+	opUpdate     op = "update"
+	opExec       op = "exec in"
+	opExit       op = "record the exit of"
+	opCheckpoint op = "checkpoint"
 )
 
 // allowed lists the states each op may be done in.
 var allowed = map[op][]state{
-	opStart:   {stateCreated},
-	opPause:   {stateRunning},
-	opResume:  {statePaused},
-	opKill:    {stateCreated, stateStarting, stateRunning, statePaused},
-	opDelete:  {stateCreated, stateStopped},
-	opResize:  {stateCreated, stateStarting, stateRunning, statePaused},
-	opCloseIO: {stateCreated, stateStarting, stateRunning, statePaused, stateStopped},
-	opUpdate:  {stateCreated, stateRunning, statePaused},
-	opExec:    {stateRunning},
-	opExit:    {stateCreated, stateStarting, stateRunning, statePaused},
+	opStart:      {stateCreated},
+	opPause:      {stateRunning},
+	opResume:     {statePaused},
+	opKill:       {stateCreated, stateStarting, stateRunning, statePaused},
+	opDelete:     {stateCreated, stateStopped},
+	opResize:     {stateCreated, stateStarting, stateRunning, statePaused},
+	opCloseIO:    {stateCreated, stateStarting, stateRunning, statePaused, stateStopped},
+	opUpdate:     {stateCreated, stateRunning, statePaused},
+	opExec:       {stateRunning},
+	opExit:       {stateCreated, stateStarting, stateRunning, statePaused},
+	opCheckpoint: {stateRunning, statePaused},
 }
 
 // check returns nil if o may be done to the process named what in state

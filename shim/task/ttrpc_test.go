@@ -78,9 +78,15 @@ func TestServedAsV2AndV3(t *testing.T) {
 	if status.Code(err) != codes.NotFound || !errdefs.IsNotFound(errgrpc.ToNative(err)) {
 		t.Errorf("v2 state of unknown: %v, want NotFound", err)
 	}
-	_, err = v3.Checkpoint(ctx, &taskv3.CheckpointTaskRequest{ID: "c1"})
-	if status.Code(err) != codes.Unimplemented || status.Convert(err).Message() != "checkpoint is not implemented yet in cocoon" {
-		t.Errorf("v3 checkpoint: %v, want Unimplemented with the message", err)
+	if _, err = v3.Checkpoint(ctx, &taskv3.CheckpointTaskRequest{ID: "c1", Path: "/tmp/v3"}); err != nil {
+		t.Errorf("v3 checkpoint: %v", err)
+	}
+	if _, err = v2.Checkpoint(ctx, &taskv2.CheckpointTaskRequest{ID: "c1", Path: "/tmp/v2"}); err != nil {
+		t.Errorf("v2 checkpoint: %v", err)
+	}
+	_, err = v2.Checkpoint(ctx, &taskv2.CheckpointTaskRequest{ID: "nope", Path: "/tmp/v2"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("v2 checkpoint of unknown: %v, want NotFound", err)
 	}
 	_, err = v2.Start(ctx, &taskv2.StartRequest{ID: "c1"})
 	if status.Code(err) != codes.FailedPrecondition {

@@ -53,7 +53,7 @@ func (s *Service) sandboxFor(ctx context.Context, r LaunchRequest) (Sandbox, err
 	}
 	s.mu.Unlock()
 	if boot {
-		s.boot(ctx, slot, r)
+		s.boot(ctx, slot, func(ctx context.Context) (Sandbox, error) { return s.launcher.Launch(ctx, r) })
 	}
 	select {
 	case <-slot.ready:
@@ -66,24 +66,24 @@ func (s *Service) sandboxFor(ctx context.Context, r LaunchRequest) (Sandbox, err
 	return slot.sb, nil
 }
 
-// boot launches the VM of slot. The boot outlives the request that asked
-// for it (other containers may wait for it); the sandbox's start timeout
-// bounds it.
-func (s *Service) boot(ctx context.Context, slot *vmSlot, r LaunchRequest) {
+// boot launches the VM of slot with launch (a boot, or a restore). The
+// boot outlives the request that asked for it (other containers may wait
+// for it); the sandbox's start timeout bounds it.
+func (s *Service) boot(ctx context.Context, slot *vmSlot, launch func(context.Context) (Sandbox, error)) {
 	ctx = context.WithoutCancel(ctx)
-	log.G(ctx).WithField("sandbox", r.ID).Info("booting sandbox")
-	sb, err := s.launcher.Launch(ctx, r)
+	log.G(ctx).WithField("sandbox", slot.id).Info("booting sandbox")
+	sb, err := launch(ctx)
 	s.mu.Lock()
 	kept := s.vm == slot
 	switch {
 	case err != nil:
-		slot.err = fmt.Errorf("boot sandbox %s: %w", r.ID, err)
+		slot.err = fmt.Errorf("boot sandbox %s: %w", slot.id, err)
 		if kept {
 			s.vm = nil
 		}
 	case !kept:
 		// Close took the slot meanwhile: it stops sb (see stopVM).
-		slot.err = fmt.Errorf("boot sandbox %s: the shim is shutting down: %w", r.ID, errdefs.ErrAborted)
+		slot.err = fmt.Errorf("boot sandbox %s: the shim is shutting down: %w", slot.id, errdefs.ErrAborted)
 		slot.sb = sb
 	default:
 		slot.sb = sb

@@ -8,6 +8,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
@@ -27,13 +28,52 @@ var _ task.Launcher = Launcher{}
 
 // Launch boots the sandbox r names.
 func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbox, error) {
-	cfg, err := LoadConfig(r.Options, r.Annotations, l.Getenv)
+	o, err := l.options(r)
 	if err != nil {
 		return nil, err
 	}
-	img, err := image.Open(cfg.Guest.ImageDir)
+	sb, err := sandbox.Start(ctx, o)
 	if err != nil {
 		return nil, err
+	}
+	return newVMSandbox(sb), nil
+}
+
+// Restore brings the sandbox r names back from the checkpoint in dir,
+// with c as the checkpoint's container.
+func (l Launcher) Restore(ctx context.Context, r task.LaunchRequest, dir string, c task.ContainerSpec) (task.Sandbox, task.Process, error) {
+	o, err := l.options(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	allow, err := oci.AllowOtherNamespace(r.Annotations)
+	if err != nil {
+		return nil, nil, err
+	}
+	sb, init, err := sandbox.Restore(ctx, o, sandbox.RestoreOptions{
+		Dir:                 dir,
+		AllowOtherNamespace: allow,
+		Container: sandbox.ContainerSpec{
+			ID: c.ID, Spec: c.Spec, Rootfs: c.Rootfs, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr,
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return newVMSandbox(sb), init, nil
+}
+
+// options are the sandbox options of r: its configuration (defaults,
+// config file, runtime options, annotations), the guest image and the
+// layer cache.
+func (l Launcher) options(r task.LaunchRequest) (sandbox.Options, error) {
+	cfg, err := LoadConfig(r.Options, r.Annotations, l.Getenv)
+	if err != nil {
+		return sandbox.Options{}, err
+	}
+	img, err := image.Open(cfg.Guest.ImageDir)
+	if err != nil {
+		return sandbox.Options{}, err
 	}
 	layers, err := rootfs.Open(filepath.Join(cfg.Runtime.DataDir, rootfs.CacheDirName), rootfs.WithCopyBackLimits(rootfs.CopyBackLimits{
 		MaxBytes:       cfg.Rootfs.CopyBackMaxBytes,
@@ -41,9 +81,9 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbo
 		BytesPerSecond: cfg.Rootfs.CopyBackBytesPerSecond,
 	}))
 	if err != nil {
-		return nil, err
+		return sandbox.Options{}, err
 	}
-	sb, err := sandbox.Start(ctx, sandbox.Options{
+	return sandbox.Options{
 		Namespace:   r.Namespace,
 		ID:          r.ID,
 		Config:      cfg,
@@ -52,11 +92,7 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbo
 		AccelHost:   hypervisor.LocalAccelHost(),
 		ChannelHost: channel.LocalHost(),
 		Rootfs:      layers,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return newVMSandbox(sb), nil
+	}, nil
 }
 
 // vmSandbox adapts *sandbox.Sandbox to task.Sandbox.
@@ -114,6 +150,14 @@ func (v *vmSandbox) ExecProcess(ctx context.Context, containerID, execID string,
 		return nil, err
 	}
 	return proc, nil
+}
+
+// Checkpoint saves the sandbox's VM.
+func (v *vmSandbox) Checkpoint(ctx context.Context, r task.CheckpointRequest) error {
+	_, err := v.Sandbox.Checkpoint(ctx, sandbox.CheckpointOptions{
+		Dir: r.Dir, ContainerID: r.ContainerID, Exit: r.Exit, Paused: r.Paused, Namespace: r.Namespace,
+	})
+	return err
 }
 
 // Events are the sandbox's events.
