@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -56,6 +57,10 @@ func Restore(ctx context.Context, o Options, ro RestoreOptions) (*Sandbox, *agen
 	r := &restoring{opts: ro}
 	sb, err := start(ctx, o, r)
 	if err != nil {
+		// The checkpoint's own refusals name its directory already.
+		if strings.Contains(err.Error(), ro.Dir) {
+			return nil, nil, fmt.Errorf("restore: %w", err)
+		}
 		return nil, nil, fmt.Errorf("restore from checkpoint %s: %w", ro.Dir, err)
 	}
 	return sb, r.init, nil
