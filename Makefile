@@ -11,6 +11,8 @@ LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/runtime/version.Version=$(VERSION
 AGENT_LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/guest/agent.Version=$(VERSION)
 # Debian packages the build, the tests and the demo need (runc for the host
 # side of the benchmarks and tests, crun for the agent tests on cgroup v2 hosts;
+# criu for runc's checkpoints next to Cocoon's in the benchmarks, and because
+# containerd's CRI refuses to checkpoint any container without a CRIU binary;
 # the guest's crun is built static from Debian's source by guest/image/crun.sh,
 # whose build runs python3). The scripts under guest/image install nothing:
 # a package missing here fails the build with its name, and `make check-fresh`
@@ -18,7 +20,7 @@ AGENT_LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/guest/agent.Version=$(VERSI
 DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fsprogs cpio lz4 zstd \
 	busybox-static iproute2 kmod util-linux procps psmisc git make gcc libc6-dev binutils bc flex bison \
 	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
-	python3 libseccomp-dev libcap-dev
+	python3 libseccomp-dev libcap-dev criu
 
 .PHONY: all build guest install deps demo test test-deps test-unit test-integration check-fresh bench proto clean FORCE
 
@@ -95,7 +97,9 @@ FUZZ_TARGETS := \
 	./guest/api:FuzzGuestHandshake \
 	./runtime/agent:FuzzGuestReply \
 	./runtime/agent:FuzzGuestSession \
-	./runtime/rootfs:FuzzCopyBackDiff
+	./runtime/rootfs:FuzzCopyBackDiff \
+	./runtime/checkpoint:FuzzReadSparse \
+	./runtime/checkpoint:FuzzDecodeManifest
 FUZZ_TIME ?= 5s
 
 test-unit:
