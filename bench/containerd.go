@@ -407,6 +407,8 @@ type ctrdFigures struct {
 	// deleteAfter are the deletes of containers that wrote
 	// copyBackMiB[k] MiB, at [runtime][k].
 	deleteAfter [2][][]float64
+	// checkpoints are the checkpoint and restore figures.
+	checkpoints ckptFigures
 }
 
 // benchContainerd measures both runtimes through one private containerd:
@@ -419,6 +421,9 @@ func benchContainerd(ctx context.Context, cfg *config.Config, n int) (f ctrdFigu
 		return f, err
 	}
 	defer b.close()
+	if f.checkpoints, err = b.checkpointFigures(ctx); err != nil {
+		return f, err
+	}
 	for i, rt := range []string{runtimeCocoon, runtimeRunc} {
 		if f.start[i], err = b.startLatency(ctx, rt, n); err != nil {
 			return f, err

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,10 +63,10 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes)`)
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint"`)
 	flag.Parse()
-	if *only != "" && *only != "copyback" {
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback"`)
+	if *only != "" && *only != "copyback" && *only != "checkpoint" {
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback" or "checkpoint"`)
 		os.Exit(2)
 	}
 	if *n < 5 || *ctrN < 10 {
@@ -101,6 +102,17 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		rep.Results = copyBackResults(f)
 		return writeReport(rep, out)
 	}
+	if only == "checkpoint" {
+		f, err := benchCheckpointOnly(ctx, &env.Config)
+		if err != nil {
+			return fmt.Errorf("checkpoint figures: %w", err)
+		}
+		rep.Results = checkpointResults(f)
+		if f.runcErr != nil {
+			rep.RuncNote = "runc checkpoint figures not measured: " + f.runcErr.Error()
+		}
+		return writeReport(rep, out)
+	}
 
 	boot, mem, err := benchBoot(ctx, env, n)
 	if err != nil {
@@ -134,6 +146,10 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		Result{Name: "page cache shared by all vms (kernel, initrd, qemu)", Unit: "MiB", Median: median(mem.shared), Samples: mem.shared},
 	)
 	rep.Results = append(rep.Results, ctrdResults(ctrd, median(boot.ready))...)
+	rep.Results = append(rep.Results, checkpointResults(ctrd.checkpoints)...)
+	if ctrd.checkpoints.runcErr != nil {
+		rep.RuncNote = strings.TrimSpace(rep.RuncNote + "\nrunc checkpoint figures not measured: " + ctrd.checkpoints.runcErr.Error())
+	}
 	return writeReport(rep, out)
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -78,6 +79,8 @@ type restoring struct {
 	// attached.
 	ct   *container
 	init *agent.Process
+	// took is what each step took, for the log.
+	took struct{ verify, prepare, launch, connect, reattach time.Duration }
 }
 
 // verify checks the checkpoint against the sandbox about to be launched.

@@ -196,12 +196,14 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		Channel:         ch,
 		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
 	}
+	began := time.Now()
 	if r != nil {
 		// Everything the checkpoint says is checked before anything is
 		// made or launched.
 		if err := r.verify(s); err != nil {
 			return nil, err
 		}
+		r.took.verify = time.Since(began)
 	}
 	if err := makeStateDir(s.Dir); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -223,23 +225,34 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	defer cancel()
 	spec := s.spec
 	if r != nil {
+		t := time.Now()
 		if spec.Restore, err = r.prepare(startCtx, s); err != nil {
 			return nil, err
 		}
 		defer spec.Restore.State.Close()
+		r.took.prepare = time.Since(t)
 	}
 	launched := time.Now()
 	s.vm, err = o.Driver.Launch(startCtx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("launch vm: %w", err)
 	}
+	connecting := time.Now()
 	if err := s.connect(startCtx); err != nil {
 		return nil, err
 	}
 	if r != nil {
+		r.took.launch, r.took.connect = connecting.Sub(launched), time.Since(connecting)
+		t := time.Now()
 		if err := r.reattach(startCtx, s); err != nil {
 			return nil, err
 		}
+		r.took.reattach = time.Since(t)
+		log.G(ctx).WithFields(log.Fields{
+			"verify_ms": r.took.verify.Milliseconds(), "prepare_ms": r.took.prepare.Milliseconds(),
+			"launch_ms": r.took.launch.Milliseconds(), "connect_ms": r.took.connect.Milliseconds(),
+			"reattach_ms": r.took.reattach.Milliseconds(), "total_ms": time.Since(began).Milliseconds(),
+		}).Info("restore timing")
 	}
 	if err := s.life.to(PhaseReady); err != nil {
 		return nil, err
