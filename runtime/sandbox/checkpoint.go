@@ -78,6 +78,10 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 		return rep, err
 	}
 	defer leave()
+	if others := s.containers.others(ct); len(others) > 0 {
+		return rep, fmt.Errorf("checkpoint container %s: the sandbox also runs %s, and a checkpoint captures the whole VM: "+
+			"checkpointing one container of a pod is not supported: %w", ct.id, strings.Join(others, ", "), errdefs.ErrFailedPrecondition)
+	}
 	snap, ok := s.vm.(hypervisor.Snapshotter)
 	if !ok {
 		return rep, fmt.Errorf("checkpoint: the hypervisor driver cannot save a VM: %w", errdefs.ErrNotImplemented)
@@ -85,10 +89,6 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 	digester, ok := s.rootfs.(RootfsDigester)
 	if !ok {
 		return rep, fmt.Errorf("checkpoint: the layer cache cannot name its layers by digest: %w", errdefs.ErrNotImplemented)
-	}
-	if others := s.containers.others(ct); len(others) > 0 {
-		return rep, fmt.Errorf("checkpoint container %s: the sandbox also runs %s, and a checkpoint captures the whole VM: "+
-			"checkpointing one container of a pod is not supported: %w", ct.id, strings.Join(others, ", "), errdefs.ErrFailedPrecondition)
 	}
 	if ct.init == nil {
 		return rep, fmt.Errorf("checkpoint container %s: it is not created yet: %w", ct.id, errdefs.ErrFailedPrecondition)
