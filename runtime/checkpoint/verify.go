@@ -30,6 +30,18 @@ func Verify(dir string) (*Manifest, error) {
 	return m, nil
 }
 
+// VerifyFile checks one file that m, read from dir by ReadManifest,
+// lists, as Verify checks each: for a caller that verifies the files it
+// needs first and the largest while it prepares the rest, and uses none
+// before its check passed. A name m does not list is refused.
+func VerifyFile(dir string, m *Manifest, name string) error {
+	f, ok := m.file(name)
+	if !ok {
+		return invalidf(dir, "file %q is not listed in the manifest", name)
+	}
+	return verifyFile(dir, f)
+}
+
 // verifyFile checks one listed file's size and digest.
 func verifyFile(dir string, want File) error {
 	f, size, err := openRegular(dir, want.Name)

@@ -79,6 +79,9 @@ type restoring struct {
 	// attached.
 	ct   *container
 	init *agent.Process
+	// stateChecked delivers the verification of the VM state file,
+	// which runs while the restore prepares (see verify).
+	stateChecked chan error
 	// took is what each step took, for the log.
 	took struct{ verify, prepare, launch, connect, reattach time.Duration }
 }
@@ -98,9 +101,21 @@ func (r *restoring) verify(s *Sandbox) error {
 	if s.rootfs == nil {
 		return fmt.Errorf("container %s: the sandbox was started without a layer cache: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
-	m, err := checkpoint.Verify(r.opts.Dir)
+	// Every file but the VM state is verified now, before anything is
+	// made. The state, the largest by far, is hashed while the disks are
+	// prepared and QEMU starts; the driver is handed it only once it
+	// passed (prepare's Check).
+	m, err := checkpoint.ReadManifest(r.opts.Dir)
 	if err != nil {
 		return err
+	}
+	for _, f := range m.Files {
+		if f.Name == m.State {
+			continue
+		}
+		if err := checkpoint.VerifyFile(r.opts.Dir, m, f.Name); err != nil {
+			return err
+		}
 	}
 	if err := m.CheckNamespace(s.Namespace, r.opts.AllowOtherNamespace); err != nil {
 		return err
@@ -120,6 +135,8 @@ func (r *restoring) verify(s *Sandbox) error {
 			r.opts.Dir, len(m.Containers), errdefs.ErrInvalidArgument)
 	}
 	r.m, r.saved = m, m.Containers[0]
+	r.stateChecked = make(chan error, 1)
+	go func() { r.stateChecked <- checkpoint.VerifyFile(r.opts.Dir, m, m.State) }()
 	found := false
 	for _, p := range r.saved.Processes {
 		if p.ExecID == "" {
@@ -229,6 +246,14 @@ func (r *restoring) prepare(ctx context.Context, s *Sandbox) (_ *hypervisor.Rest
 		Disks:  disks,
 		Resume: true,
 		Check: func(hm hypervisor.Machine) error {
+			select {
+			case err := <-r.stateChecked:
+				if err != nil {
+					return err
+				}
+			case <-ctx.Done():
+				return fmt.Errorf("verify the VM state of checkpoint %s: %w", r.opts.Dir, ctx.Err())
+			}
 			want := s.machine()
 			want.Driver, want.DriverVersion, want.MachineType = hm.Driver, hm.Version, hm.Type
 			want.Devices = append([]string(nil), hm.Devices...)
