@@ -78,6 +78,10 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 		return rep, err
 	}
 	defer leave()
+	if !s.checkpointing.TryLock() {
+		return rep, fmt.Errorf("checkpoint container %s: another checkpoint of the sandbox is being written: %w", ct.id, errdefs.ErrFailedPrecondition)
+	}
+	defer s.checkpointing.Unlock()
 	if others := s.containers.others(ct); len(others) > 0 {
 		return rep, fmt.Errorf("checkpoint container %s: the sandbox also runs %s, and a checkpoint captures the whole VM: "+
 			"checkpointing one container of a pod is not supported: %w", ct.id, strings.Join(others, ", "), errdefs.ErrFailedPrecondition)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -105,6 +106,9 @@ type Sandbox struct {
 	vm          hypervisor.VM
 	agent       *agent.Client
 	stopTimeout time.Duration
+	// checkpointing is held by the checkpoint being written: one at a
+	// time, as each freezes and thaws the guest's filesystems.
+	checkpointing sync.Mutex
 	// spec is what the VM was launched with (without its restore
 	// source); image the guest image. A checkpoint records both.
 	spec  hypervisor.Spec
