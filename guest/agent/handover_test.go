@@ -7,38 +7,16 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containerd/ttrpc"
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/api"
+	"github.com/cocoonrt/cocoon/guest/api/conntest"
 )
-
-// socketPair returns two connected unix stream sockets (agenttest's
-// cannot be imported here).
-func socketPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
-	return conns[0], conns[1]
-}
 
 // portOpening is one opening of a port whose byte stream outlives it, as
 // /dev/vportNpM's does: Close ends this opening's reads, blocked or
@@ -119,7 +97,7 @@ func TestHandoverFromStaleSession(t *testing.T) {
 		conns func(t *testing.T) (net.Conn, net.Conn)
 	}{
 		{"pipe", func(t *testing.T) (net.Conn, net.Conn) { return net.Pipe() }},
-		{"socketpair", func(t *testing.T) (net.Conn, net.Conn) { return socketPair(t) }},
+		{"socketpair", func(t *testing.T) (net.Conn, net.Conn) { return conntest.SocketPair(t) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hostEnd, guestEnd := tc.conns(t)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/api"
+	"github.com/cocoonrt/cocoon/guest/api/conntest"
 )
 
 // resetAfterClose is how soon the host of a yamuxPair resets a stream it
@@ -26,24 +26,13 @@ const resetAfterClose = 50 * time.Millisecond
 // over a socket pair; no agent serves it.
 func yamuxPair(t *testing.T) (host, guest *yamux.Session) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns [2]net.Conn
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
+	h, g := conntest.SocketPair(t)
+	conns := [2]net.Conn{h, g}
 	hcfg := yamux.DefaultConfig()
 	hcfg.EnableKeepAlive = false
 	hcfg.StreamCloseTimeout = resetAfterClose
 	hcfg.LogOutput = io.Discard
+	var err error
 	host, err = yamux.Client(conns[0], hcfg)
 	if err != nil {
 		t.Fatal(err)

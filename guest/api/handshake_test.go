@@ -6,35 +6,13 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/cocoonrt/cocoon/guest/api/conntest"
 )
-
-// socketPair returns two connected unix stream sockets.
-func socketPair(t testing.TB) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-		t.Cleanup(func() { c.Close() })
-	}
-	return conns[0], conns[1]
-}
 
 // pipe returns the two ends of a net.Pipe, closed when the test ends.
 func pipe(t testing.TB) (net.Conn, net.Conn) {
@@ -119,7 +97,7 @@ func TestHandshake(t *testing.T) {
 		conns func(testing.TB) (net.Conn, net.Conn)
 	}{
 		{"pipe", pipe},
-		{"socketpair", socketPair},
+		{"socketpair", conntest.SocketPair},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host, guest := tc.conns(t)
@@ -133,7 +111,7 @@ func TestHandshake(t *testing.T) {
 // TestHandshakeAfterCancel: the handshake's context does not reach the
 // session after it (the deadlines it set are gone).
 func TestHandshakeAfterCancel(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := conntest.SocketPair(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -160,7 +138,7 @@ func TestHandshakeOneByteReads(t *testing.T) {
 		conns func(testing.TB) (net.Conn, net.Conn)
 	}{
 		{"pipe", pipe},
-		{"socketpair", socketPair},
+		{"socketpair", conntest.SocketPair},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host, guest := tc.conns(t)
@@ -174,13 +152,13 @@ func TestHandshakeOneByteReads(t *testing.T) {
 // virtio-serial) finds several HELLOs waiting; it answers once, and
 // nothing of them reaches the session.
 func TestHandshakeQueuedHellos(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := conntest.SocketPair(t)
 	h, g := handshake(t, host, guest, 10*helloInterval)
 	exchange(t, h, g)
 
 	// The same, seen from the guest: it takes the queued HELLOs and
 	// writes a single WELCOME.
-	host, guest = socketPair(t)
+	host, guest = conntest.SocketPair(t)
 	n := nonce{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	hello := frameOf(helloMagic, n)
 	for range 5 {
@@ -346,7 +324,7 @@ func TestHostRefusesWrongNonce(t *testing.T) {
 // TestHostDiscardBound: a guest that sends more than the host discards
 // fails the handshake, saying so, well before the deadline.
 func TestHostDiscardBound(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := conntest.SocketPair(t)
 	go func() {
 		junk := bytes.Repeat([]byte{0x89, 'C', 'C', 'N'}, 16<<10)
 		for {
@@ -369,12 +347,12 @@ func TestHostDiscardBound(t *testing.T) {
 
 // TestHandshakeEOF: either end fails at once when the other closes.
 func TestHandshakeEOF(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := conntest.SocketPair(t)
 	guest.Close()
 	if _, err := HostHandshake(testCtx(t, 5*time.Second), host); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("host on a closed channel: %v", err)
 	}
-	host, guest = socketPair(t)
+	host, guest = conntest.SocketPair(t)
 	host.Close()
 	if _, err := GuestHandshake(testCtx(t, 5*time.Second), guest); !errors.Is(err, io.EOF) {
 		t.Fatalf("guest on a closed channel: %v, want EOF", err)
@@ -390,7 +368,7 @@ func TestHandshakeContext(t *testing.T) {
 		conns func(testing.TB) (net.Conn, net.Conn)
 	}{
 		{"pipe", pipe},
-		{"socketpair", socketPair},
+		{"socketpair", conntest.SocketPair},
 	} {
 		for _, side := range []string{"host", "guest"} {
 			for _, how := range []string{"deadline", "cancel"} {
@@ -428,7 +406,7 @@ func TestHandshakeContext(t *testing.T) {
 // one that died mid-handshake) is answered too, and only its START ends
 // the handshake.
 func TestGuestFollowsNewHost(t *testing.T) {
-	host, guest := socketPair(t)
+	host, guest := conntest.SocketPair(t)
 	a, b := nonce{1}, nonce{2}
 	var in []byte
 	for _, f := range [][frameLen]byte{frameOf(helloMagic, a), frameOf(helloMagic, b), frameOf(helloMagic, b), frameOf(startMagic, a)} {
