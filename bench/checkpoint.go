@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -27,9 +25,6 @@ const checkpointSamples = 3
 // checkpointWorkload touches 32 MiB of memory (a tmpfs file) and writes
 // 4 MiB to the container's root, then idles.
 const checkpointWorkload = `head -c 33554432 /dev/urandom > /dev/shm/mem && head -c 4194304 /dev/urandom > /data && echo ready > /ready && exec sleep 3600`
-
-// criuMediaType is the checkpoint blob's media type in containerd.
-const criuMediaType = "application/vnd.containerd.container.criu.checkpoint.criu.tar"
 
 // ckptFigures are, per memory size (index into checkpointMiB), at [0]
 // Cocoon and [1] runc (CRIU).
@@ -208,36 +203,8 @@ func (b *ctrdBench) usedMiB(id string, mib int) (float64, error) {
 // checkpointBlobMiB is the size of checkpoint image ref's checkpoint
 // blob in the content store.
 func (b *ctrdBench) checkpointBlobMiB(ref string) (float64, error) {
-	var out strings.Builder
-	if err := b.ctr(context.Background(), &out, "image", "ls"); err != nil {
-		return 0, err
-	}
-	blobs := filepath.Join(b.c.Dir, "root", "io.containerd.content.v1.content", "blobs", "sha256")
-	for _, line := range strings.Split(out.String(), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 || f[0] != ref {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(blobs, strings.TrimPrefix(f[2], "sha256:")))
-		if err != nil {
-			return 0, err
-		}
-		var idx struct {
-			Manifests []struct {
-				MediaType string `json:"mediaType"`
-				Size      int64  `json:"size"`
-			} `json:"manifests"`
-		}
-		if err := json.Unmarshal(data, &idx); err != nil {
-			return 0, err
-		}
-		for _, m := range idx.Manifests {
-			if m.MediaType == criuMediaType {
-				return float64(m.Size) / (1 << 20), nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("no checkpoint blob for %s", ref)
+	_, size, err := b.c.CheckpointBlob(ref)
+	return float64(size) / (1 << 20), err
 }
 
 // checkpointResults are the checkpoint figures, Cocoon next to runc.

@@ -25,10 +25,6 @@ import (
 // a file of its own: what a checkpoint must carry.
 const counter = `echo before > /before; i=0; while :; do echo n=$i; echo $i > /count; i=$((i+1)); sleep 0.3; done`
 
-// criuMediaType is the media type containerd gives the checkpoint blob,
-// whatever the runtime.
-const criuMediaType = "application/vnd.containerd.container.criu.checkpoint.criu.tar"
-
 // waitCount waits until the counter of id reached n.
 func waitCount(t *testing.T, c *harness.Containerd, id string, n int) int {
 	t.Helper()
@@ -195,7 +191,10 @@ func TestCheckpointRefused(t *testing.T) {
 	c.MustCtr("container", "checkpoint", "--task", "src", "checkpoint/src:1")
 	killAndRemove(t, c, "src")
 
-	blob := checkpointBlob(t, c, "checkpoint/src:1")
+	blob, _, err := c.CheckpointBlob("checkpoint/src:1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	orig, err := os.ReadFile(blob)
 	if err != nil {
 		t.Fatal(err)
@@ -247,44 +246,6 @@ func TestCheckpointRefused(t *testing.T) {
 		})
 	}
 	leakAudit(t, c, root)
-}
-
-// checkpointBlob returns the content store file of checkpoint image
-// ref's checkpoint blob.
-func checkpointBlob(t *testing.T, c *harness.Containerd, ref string) string {
-	t.Helper()
-	blobs := filepath.Join(c.Dir, "root", "io.containerd.content.v1.content", "blobs", "sha256")
-	out := c.MustCtr("image", "ls")
-	var index string
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) > 2 && f[0] == ref {
-			index = strings.TrimPrefix(f[2], "sha256:")
-		}
-	}
-	if index == "" {
-		t.Fatalf("no image %s in:\n%s", ref, out)
-	}
-	data, err := os.ReadFile(filepath.Join(blobs, index))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var idx struct {
-		Manifests []struct {
-			MediaType string `json:"mediaType"`
-			Digest    string `json:"digest"`
-		} `json:"manifests"`
-	}
-	if err := json.Unmarshal(data, &idx); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range idx.Manifests {
-		if m.MediaType == criuMediaType {
-			return filepath.Join(blobs, strings.TrimPrefix(m.Digest, "sha256:"))
-		}
-	}
-	t.Fatalf("checkpoint image %s has no %s: %s", ref, criuMediaType, data)
-	return ""
 }
 
 func readTar(t *testing.T, data []byte) map[string][]byte {
