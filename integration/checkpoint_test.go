@@ -288,3 +288,44 @@ func writeTar(t *testing.T, files map[string][]byte) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestCheckpointInspect: `ctr task checkpoint --image-path DIR` on
+// containerd 2.x leaves the checkpoint directory where the client said
+// (containerd stores no image then), and `cocoon checkpoint inspect`
+// verifies it without loading it, and names what a flipped byte broke.
+func TestCheckpointInspect(t *testing.T) {
+	c, img, stateDir := shimContainerd(t, "2.4")
+	root := filepath.Dir(stateDir)
+	removeAtEnd(t, c, "insp")
+	c.MustCtr("run", "-d", "--runtime", runtimeName, img, "insp", "sh", "-c", counter)
+	c.WaitStatus(t, "insp", "RUNNING")
+	waitCount(t, c, "insp", 1)
+	dir := filepath.Join(t.TempDir(), "ck")
+	c.MustCtr("task", "checkpoint", "--image-path", dir, "insp")
+	c.WaitStatus(t, "insp", "RUNNING")
+	killAndRemove(t, c, "insp")
+	for _, name := range []string{"manifest.json", "vm.state"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v; want 0600", name, err, fi.Mode())
+		}
+	}
+	out, err := cocoon(t, stateDir, filepath.Join(root, "lib"), "checkpoint", "inspect", dir).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "verified: ok") || !strings.Contains(string(out), "cocoon-test") {
+		t.Fatalf("inspect: %v\n%s", err, out)
+	}
+	t.Logf("cocoon checkpoint inspect:\n%s", out)
+	state := filepath.Join(dir, "vm.state")
+	data, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/3] ^= 1
+	if err := os.WriteFile(state, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = cocoon(t, stateDir, filepath.Join(root, "lib"), "checkpoint", "inspect", dir).CombinedOutput()
+	if exitCode(err) == 0 || !strings.Contains(string(out), `"vm.state"`) {
+		t.Errorf("inspect of a corrupted checkpoint: %v\n%s", err, out)
+	}
+}

@@ -97,13 +97,29 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 	if ct.init == nil {
 		return rep, fmt.Errorf("checkpoint container %s: it is not created yet: %w", ct.id, errdefs.ErrFailedPrecondition)
 	}
+	// containerd hands over a directory it made; a client's own image
+	// path (ctr task checkpoint --image-path) may not exist yet, and is
+	// made as CRIU would, and removed again if the checkpoint fails.
+	made := false
+	if _, err := os.Lstat(o.Dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(o.Dir, 0o700); err != nil {
+			return rep, fmt.Errorf("checkpoint: %w", err)
+		}
+		made = true
+	}
 	w, err := checkpoint.NewWriter(o.Dir)
 	if err != nil {
+		if made {
+			os.Remove(o.Dir)
+		}
 		return rep, err
 	}
 	defer func() {
 		if retErr != nil {
 			w.Abort()
+			if made {
+				os.Remove(o.Dir)
+			}
 		}
 	}()
 	lg := log.G(ctx).WithField("container", ct.id)
