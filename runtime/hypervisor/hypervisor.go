@@ -40,12 +40,31 @@ type Spec struct {
 	Channel channel.Kind
 	// ConsoleLogBytes bounds the console log kept in StateDir.
 	ConsoleLogBytes int64
+	// Memory, if set, puts guest RAM in a file instead of anonymous
+	// memory: the base of templates, whose clones map one saved memory
+	// copy-on-write. Nil: anonymous memory.
+	Memory *MemoryFile
 	// Restore, if set, makes Launch bring back a state saved by
 	// Snapshotter.Save instead of booting the kernel. The other fields
 	// must describe the guest as it was launched when it was saved
 	// (sizes, accelerator, channel, image): the saved state holds the
 	// guest's memory and devices, not its machine. Nil boots as usual.
 	Restore *Restore
+}
+
+// MemoryFile is guest RAM backed by a file of Spec.MemoryMiB bytes.
+//
+// Shared (the template's own VM) maps the file shared: the guest's
+// writes go to the file, and a Save leaves RAM out of the saved state,
+// which then holds only the devices and vCPUs (the file is the memory).
+// Not shared (a clone) maps it privately: the guest reads the file's
+// pages until it writes them, then has its own copy, so pages a clone
+// never writes stay one copy in the host's page cache for every clone.
+// A clone restores a state saved from the shared VM, with the same file.
+type MemoryFile struct {
+	// Path is the file; it must exist for a private mapping.
+	Path   string
+	Shared bool
 }
 
 // Restore is what Launch needs to bring a saved VM back.

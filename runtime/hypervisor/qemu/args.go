@@ -90,6 +90,11 @@ func nameArg(stateDir string) string {
 }
 
 // commandLine builds QEMU's arguments (without argv[0]).
+// memoryBackendID names the memory backend of file-backed guest RAM.
+// QEMU names the RAM block after it: a saved state loads only into a VM
+// whose RAM has the same id, so it is fixed.
+const memoryBackendID = "mem"
+
 func commandLine(p launchParams) []string {
 	s := p.spec
 	machine := []string{
@@ -107,8 +112,21 @@ func commandLine(p launchParams) []string {
 		// them. It also spares the guest parsing ACPI tables at boot.
 		"acpi=off",
 	}
+	if s.Memory != nil {
+		machine = append(machine, "memory-backend="+memoryBackendID)
+	}
 	args := []string{
 		"-M", strings.Join(machine, ","),
+	}
+	if m := s.Memory; m != nil {
+		share := "off"
+		if m.Shared {
+			share = "on"
+		}
+		// readonly stays off even for a clone: its private mapping
+		// must be writable, and MAP_PRIVATE never writes the file.
+		args = append(args, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
+			memoryBackendID, s.MemoryMiB, optValue(m.Path), share))
 	}
 	switch s.Accel {
 	case hypervisor.AccelKVM:

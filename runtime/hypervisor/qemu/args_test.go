@@ -176,3 +176,24 @@ func TestClaimCIDRetriesOnlyWhenInUse(t *testing.T) {
 		t.Fatal("claimCID must give up")
 	}
 }
+
+// TestCommandLineMemoryFile: file-backed guest RAM is the machine's
+// memory backend, shared for a template's VM and private for a clone,
+// and a path with a comma survives QEMU's option syntax.
+func TestCommandLineMemoryFile(t *testing.T) {
+	for _, tc := range []struct {
+		shared bool
+		share  string
+	}{{true, "share=on"}, {false, "share=off"}} {
+		s := testSpec(hypervisor.AccelTCG, channel.Serial)
+		s.Memory = &hypervisor.MemoryFile{Path: "/var/lib/cocoon/templates/a,b/mem", Shared: tc.shared}
+		args := commandLine(launchParams{spec: s, tbSizeMiB: 20, tscKHz: 1})
+		if i := slices.Index(args, "-M"); args[i+1] != "microvm,x-option-roms=off,rtc=on,acpi=off,memory-backend=mem" {
+			t.Errorf("machine %q", args[i+1])
+		}
+		want := "memory-backend-file,id=mem,size=256M,mem-path=/var/lib/cocoon/templates/a,,b/mem," + tc.share
+		if i := slices.Index(args, want); i < 1 || args[i-1] != "-object" {
+			t.Errorf("shared=%v: no -object %s in %q", tc.shared, want, args)
+		}
+	}
+}

@@ -13,11 +13,17 @@ func machineOf(spec hypervisor.Spec, v qmp.Version) hypervisor.Machine {
 	if spec.Channel == channel.Vsock {
 		agent = "agent:vhost-vsock"
 	}
+	devices := []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent}
+	if spec.Memory != nil {
+		// A state saved with RAM in a file loads only into RAM of
+		// that backend.
+		devices = append(devices, "memory:file")
+	}
 	return hypervisor.Machine{
 		Driver:  DriverName,
 		Version: v.String(),
 		Type:    "microvm",
-		Devices: []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent},
+		Devices: devices,
 	}
 }
 

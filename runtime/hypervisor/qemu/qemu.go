@@ -184,6 +184,7 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 
 	v := &VM{
 		id:        spec.ID,
+		memory:    spec.Memory,
 		stateDir:  spec.StateDir,
 		cmd:       cmd,
 		log:       lg.WithField("pid", cmd.Process.Pid),
@@ -295,6 +296,16 @@ func validateSpec(s hypervisor.Spec) error {
 	}
 	if s.ConsoleLogBytes < 0 {
 		return bad("console log bytes = %d is negative", s.ConsoleLogBytes)
+	}
+	if m := s.Memory; m != nil {
+		if !filepath.IsAbs(m.Path) {
+			return bad("memory file %q is not an absolute path", m.Path)
+		}
+		if !m.Shared {
+			if err := readableFile("memory file", m.Path); err != nil {
+				return err
+			}
+		}
 	}
 	if s.Restore != nil {
 		return validateRestore(s.Restore)

@@ -181,6 +181,8 @@ func TestValidateSpec(t *testing.T) {
 		{"auto channel", func(s *hypervisor.Spec) { s.Channel = channel.Auto }, "not resolved"},
 		{"newline in kernel arg", func(s *hypervisor.Spec) { s.KernelArgs = []string{"a\nb"} }, "control characters"},
 		{"huge cmdline", func(s *hypervisor.Spec) { s.KernelArgs = []string{strings.Repeat("x", 2100)} }, "kernel command line"},
+		{"relative memory file", func(s *hypervisor.Spec) { s.Memory = &hypervisor.MemoryFile{Path: "mem", Shared: true} }, "memory file \"mem\" is not an absolute path"},
+		{"missing clone memory", func(s *hypervisor.Spec) { s.Memory = &hypervisor.MemoryFile{Path: "/nonexistent/mem"} }, "memory file /nonexistent/mem"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := good

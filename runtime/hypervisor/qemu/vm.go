@@ -46,6 +46,8 @@ type VM struct {
 	qmp *qmp.Client
 	// machine is what Machine reports; set with qmp.
 	machine hypervisor.Machine
+	// memory is Spec.Memory: guest RAM in a file, or nil.
+	memory *hypervisor.MemoryFile
 
 	console *ring // last 64 KiB of the guest console
 	stderr  *ring // last 16 KiB of QEMU's stderr
