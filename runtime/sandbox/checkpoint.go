@@ -101,27 +101,27 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 	// path (ctr task checkpoint --image-path) may not exist yet, and is
 	// made as CRIU would, and removed again if the checkpoint fails.
 	made := false
+	var w *checkpoint.Writer
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		if w != nil {
+			w.Abort()
+		}
+		if made {
+			os.Remove(o.Dir)
+		}
+	}()
 	if _, err := os.Lstat(o.Dir); errors.Is(err, os.ErrNotExist) {
 		if err := os.Mkdir(o.Dir, 0o700); err != nil {
 			return rep, fmt.Errorf("checkpoint: %w", err)
 		}
 		made = true
 	}
-	w, err := checkpoint.NewWriter(o.Dir)
-	if err != nil {
-		if made {
-			os.Remove(o.Dir)
-		}
+	if w, err = checkpoint.NewWriter(o.Dir); err != nil {
 		return rep, err
 	}
-	defer func() {
-		if retErr != nil {
-			w.Abort()
-			if made {
-				os.Remove(o.Dir)
-			}
-		}
-	}()
 	lg := log.G(ctx).WithField("container", ct.id)
 
 	// The container is frozen from here to the end: its writes reach
@@ -132,16 +132,12 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 		if err := s.agent.PauseContainer(ctx, ct.guest); err != nil {
 			return rep, fmt.Errorf("checkpoint: pause container %s: %w", ct.id, err)
 		}
+		// With exit its processes were killed frozen; thawed, they end.
 		defer func() {
-			if o.Exit && retErr == nil {
-				return
-			}
 			if err := s.agent.ResumeContainer(context.WithoutCancel(ctx), ct.guest); err != nil {
 				lg.WithError(err).Warn("resume the container after its checkpoint")
 			}
 		}()
-	}
-	if !o.Paused {
 		// A paused container's layer reached the host at the pause.
 		s.syncLayer(ctx, ct)
 	}
@@ -171,11 +167,6 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 		// they would write after the save reaches the scratch disk.
 		if err := s.agent.KillContainer(ctx, ct.guest, syscall.SIGKILL, true); err != nil && !errdefs.IsNotFound(err) {
 			return rep, fmt.Errorf("checkpoint --exit: kill container %s: %w", ct.id, err)
-		}
-		if !o.Paused {
-			if err := s.agent.ResumeContainer(ctx, ct.guest); err != nil {
-				lg.WithError(err).Warn("thaw the killed container")
-			}
 		}
 	}
 	thaw()

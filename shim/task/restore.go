@@ -23,6 +23,15 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 	if joins {
 		return nil, nil, fmt.Errorf("restore container %s: it would join the running sandbox %s, and a checkpoint restores a whole VM: %w", r.ID, sbID, errdefs.ErrFailedPrecondition)
 	}
+	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = pio.Close(context.WithoutCancel(ctx))
+		}
+	}()
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -37,21 +46,6 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 	s.vm = slot
 	s.mu.Unlock()
 
-	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
-	if err != nil {
-		s.mu.Lock()
-		if s.vm == slot {
-			s.vm = nil
-		}
-		close(slot.ready)
-		s.mu.Unlock()
-		return nil, nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			_ = pio.Close(context.WithoutCancel(ctx))
-		}
-	}()
 	var init Process
 	s.boot(ctx, slot, func(ctx context.Context) (Sandbox, error) {
 		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations}, r.Checkpoint, ContainerSpec{
