@@ -464,31 +464,46 @@ func TestMeasure(t *testing.T) {
 	t.Logf("qemu rss %d MiB; anonymous memory outside guest ram %d MiB (tb-size %d MiB)", rss>>10, anonOutside>>10, DefaultTBSizeMiB)
 }
 
-// memoryOf returns QEMU's RSS and its anonymous resident memory outside the
-// guest RAM mapping, in KiB.
-func memoryOf(t *testing.T, pid, guestMiB int) (rss, anonOutside int) {
+// qemuSmaps is what a QEMU's /proc/<pid>/smaps says, in KiB: its RSS
+// and anonymous memory, and the RSS and anonymous memory of the guest RAM
+// mapping (the one of the guest's size).
+type qemuSmaps struct{ rss, anon, guestRSS, guestAnon int }
+
+func smapsOf(t *testing.T, pid, guestMiB int) qemuSmaps {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var size, anon, guestAnon int
+	var m qemuSmaps
+	var size int
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
 		}
 		n, _ := strconv.Atoi(f[1])
+		guest := size == guestMiB<<10
 		switch f[0] {
 		case "Size:":
 			size = n
 		case "Rss:":
-			rss += n
+			m.rss += n
+			if guest {
+				m.guestRSS += n
+			}
 		case "Anonymous:":
-			anon += n
-			if size == guestMiB<<10 {
-				guestAnon += n
+			m.anon += n
+			if guest {
+				m.guestAnon += n
 			}
 		}
 	}
-	return rss, anon - guestAnon
+	return m
+}
+
+// memoryOf returns QEMU's RSS and its anonymous resident memory outside the
+// guest RAM mapping, in KiB.
+func memoryOf(t *testing.T, pid, guestMiB int) (rss, anonOutside int) {
+	m := smapsOf(t, pid, guestMiB)
+	return m.rss, m.anon - m.guestAnon
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -279,25 +278,5 @@ func TestRestoreBadState(t *testing.T) {
 // guestTouchedKiB is how much of the guest's RAM QEMU holds: what the
 // guest touched.
 func guestTouchedKiB(t *testing.T, pid, guestMiB int) int {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var size, touched int
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		n, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "Size:":
-			size = n
-		case "Rss:":
-			if size == guestMiB<<10 {
-				touched += n
-			}
-		}
-	}
-	return touched
+	return smapsOf(t, pid, guestMiB).guestRSS
 }
