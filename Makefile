@@ -109,7 +109,7 @@ test-unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 5s "$${t%%:*}" || exit 1; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 0 "$${t%%:*}" || exit 1; \
 	done
 
 # Real VMs, real QEMU: needs root. Uses the freshly built binaries and
