@@ -202,3 +202,27 @@ type DiskAttacher interface {
 	// DetachDisk unplugs the disk named id and releases the file.
 	DetachDisk(ctx context.Context, id string) error
 }
+
+// Plan is what a driver can say about the VM a Spec would launch, without
+// launching it: the key of templates, which must change whenever a saved
+// state of that VM might no longer load.
+type Plan struct {
+	// Driver is the driver's name.
+	Driver string
+	// VMM is the VMM executable as resolved, and VMMID its identity on
+	// disk (device, inode, size, modification time): a new build or
+	// package of the VMM changes it, so its saved states are not taken
+	// for states of the new one. The version itself is known only once
+	// the VMM runs (Machine.Version), and a restore checks it then.
+	VMM   string
+	VMMID string
+	// Type is the machine model and Devices the boot-time device set, as
+	// Machine names them.
+	Type    string
+	Devices []string
+}
+
+// Planner is implemented by drivers that can plan a launch.
+type Planner interface {
+	Plan(spec Spec) (Plan, error)
+}

@@ -89,12 +89,12 @@ func nameArg(stateDir string) string {
 	return "guest=" + optValue(stateDir)
 }
 
-// commandLine builds QEMU's arguments (without argv[0]).
-// memoryBackendID names the memory backend of file-backed guest RAM.
-// QEMU names the RAM block after it: a saved state loads only into a VM
-// whose RAM has the same id, so it is fixed.
+// memoryBackendID names the memory backend of guest RAM. QEMU names the
+// RAM block after it: a saved state loads only into a VM whose RAM has
+// the same id, so it is fixed.
 const memoryBackendID = "mem"
 
+// commandLine builds QEMU's arguments (without argv[0]).
 func commandLine(p launchParams) []string {
 	s := p.spec
 	machine := []string{
@@ -112,9 +112,10 @@ func commandLine(p launchParams) []string {
 		// them. It also spares the guest parsing ACPI tables at boot.
 		"acpi=off",
 	}
-	if s.Memory != nil {
-		machine = append(machine, "memory-backend="+memoryBackendID)
-	}
+	// Guest RAM is always a named backend, so that every saved state
+	// has the same RAM block ("mem") whatever backs it: a checkpoint of a
+	// clone (RAM in a private file mapping) restores into anonymous RAM.
+	machine = append(machine, "memory-backend="+memoryBackendID)
 	args := []string{
 		"-M", strings.Join(machine, ","),
 	}
@@ -127,6 +128,8 @@ func commandLine(p launchParams) []string {
 		// must be writable, and MAP_PRIVATE never writes the file.
 		args = append(args, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
 			memoryBackendID, s.MemoryMiB, optValue(m.Path), share))
+	} else {
+		args = append(args, "-object", fmt.Sprintf("memory-backend-ram,id=%s,size=%dM", memoryBackendID, s.MemoryMiB))
 	}
 	switch s.Accel {
 	case hypervisor.AccelKVM:

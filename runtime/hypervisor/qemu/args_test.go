@@ -32,7 +32,8 @@ func testSpec(accel hypervisor.Accel, ch channel.Kind) hypervisor.Spec {
 func TestCommandLineSerialTCG(t *testing.T) {
 	got := commandLine(launchParams{spec: testSpec(hypervisor.AccelTCG, channel.Serial), tbSizeMiB: 20, tscKHz: 2596094})
 	want := []string{
-		"-M", "microvm,x-option-roms=off,rtc=on,acpi=off",
+		"-M", "microvm,x-option-roms=off,rtc=on,acpi=off,memory-backend=mem",
+		"-object", "memory-backend-ram,id=mem,size=256M",
 		"-accel", "tcg,tb-size=20",
 		"-cpu", "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt",
 		"-m", "256M",

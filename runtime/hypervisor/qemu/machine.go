@@ -14,11 +14,6 @@ func machineOf(spec hypervisor.Spec, v qmp.Version) hypervisor.Machine {
 		agent = "agent:vhost-vsock"
 	}
 	devices := []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent}
-	if spec.Memory != nil {
-		// A state saved with RAM in a file loads only into RAM of
-		// that backend.
-		devices = append(devices, "memory:file")
-	}
 	return hypervisor.Machine{
 		Driver:  DriverName,
 		Version: v.String(),

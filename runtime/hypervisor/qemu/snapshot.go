@@ -129,13 +129,12 @@ func (v *VM) Save(ctx context.Context, w *os.File) (_ hypervisor.SavedState, ret
 // bandwidth limit.
 func (v *VM) prepareMigration(ctx context.Context, save bool) error {
 	caps := []map[string]any{{"capability": "events", "state": true}}
-	if v.memory != nil {
-		// RAM in a shared file is the file: the state leaves it out
-		// (x-ignore-shared), and a restore takes it from the file. Set
-		// on both sides; a private mapping is not "shared", so a
-		// clone's own save still carries its RAM.
-		caps = append(caps, map[string]any{"capability": "x-ignore-shared", "state": true})
-	}
+	// RAM in a shared file is the file: the state leaves it out
+	// (x-ignore-shared), and a restore takes it from the file. Set on
+	// both sides and for every VM, since the capability changes the
+	// stream's format; a private mapping (a clone) or anonymous RAM is
+	// not "shared", so their saves carry their RAM.
+	caps = append(caps, map[string]any{"capability": "x-ignore-shared", "state": true})
 	if err := v.qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
 		return err
 	}
