@@ -107,13 +107,17 @@ func (s *Service) serveReopening(ctx context.Context, open func() (net.Conn, err
 			backoff.wait(ctx)
 			continue
 		}
-		start := time.Now()
+		began := s.sessions.Load()
 		err = s.Serve(ctx, conn)
 		_ = conn.Close()
 		if err != nil {
 			log.G(ctx).WithError(err).Info("agent session ended")
 		}
-		if time.Since(start) > time.Second {
+		// A host was there: the next one (a restarted shim, or the
+		// host of a restored snapshot or template clone, whose HELLOs
+		// ended this session) is expected at once, not after the
+		// backoff that a port with no host built up.
+		if s.sessions.Load() != began {
 			backoff.reset()
 		}
 		// While no host is connected, reads on the port return EOF at

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -128,6 +129,8 @@ type Service struct {
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
+	// sessions counts the sessions whose handshake completed.
+	sessions atomic.Uint64
 }
 
 var _ api.AgentService = (*Service)(nil)

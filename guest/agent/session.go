@@ -64,6 +64,7 @@ func (s *Service) Serve(ctx context.Context, conn net.Conn) error {
 		_ = conn.Close()
 		return err
 	}
+	s.sessions.Add(1)
 	sess, err := yamux.Server(taken, yamuxConfig(ctx))
 	if err != nil {
 		_ = conn.Close()

@@ -84,6 +84,43 @@ func frameOf(magic string, n nonce) (f [frameLen]byte) {
 // clears when done; a conn without deadlines is closed). On error conn
 // is left unusable and the caller closes it.
 func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, error) {
+	n := newNonce()
+	rest, err := hostHello(ctx, conn, n)
+	if err != nil {
+		return nil, err
+	}
+	start := frameOf(startMagic, n)
+	stop := context.AfterFunc(ctx, func() { expire(conn) })
+	defer stop()
+	if _, err := conn.Write(start[:]); err != nil {
+		if ctx.Err() != nil {
+			err = ctxErr(ctx)
+		}
+		return nil, fmt.Errorf("agent handshake: send start: %w", err)
+	}
+	if !stop() {
+		return nil, fmt.Errorf("agent handshake: %w", ctxErr(ctx))
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return withLeftover(conn, rest), nil
+}
+
+// HostPark is the first half of a handshake: it sends HELLO until the
+// guest answers WELCOME, and sends no START, so that the guest's agent is
+// left waiting in its handshake, as the next host finds it: the state a
+// template is saved in, whose clones' hosts each start a session of
+// their own (a HELLO with another nonce is answered in turn). conn is
+// left with no deadline and stays the caller's to close.
+func HostPark(ctx context.Context, conn net.Conn) error {
+	if _, err := hostHello(ctx, conn, newNonce()); err != nil {
+		return err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return nil
+}
+
+// newNonce is a random nonce with no zero byte.
+func newNonce() nonce {
 	var n nonce
 	_, _ = rand.Read(n[:]) // crypto/rand.Read does not fail
 	for i := range n {
@@ -91,7 +128,13 @@ func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, error) {
 			n[i] = 1
 		}
 	}
-	hello, welcome, start := frameOf(helloMagic, n), frameOf(welcomeMagic, n), frameOf(startMagic, n)
+	return n
+}
+
+// hostHello sends HELLO with nonce n until the guest answers WELCOME, and
+// returns what was read past it.
+func hostHello(ctx context.Context, conn net.Conn, n nonce) ([]byte, error) {
+	hello, welcome := frameOf(helloMagic, n), frameOf(welcomeMagic, n)
 
 	stop := context.AfterFunc(ctx, func() { expire(conn) })
 	defer stop()
@@ -124,18 +167,11 @@ func HostHandshake(ctx context.Context, conn net.Conn) (net.Conn, error) {
 	case w.err != nil:
 		return nil, fmt.Errorf("agent handshake: send hello: %w", w.err)
 	}
-	if _, err := conn.Write(start[:]); err != nil {
-		if ctx.Err() != nil {
-			err = ctxErr(ctx)
-		}
-		return nil, fmt.Errorf("agent handshake: send start: %w", err)
-	}
 	if !stop() {
 		return nil, fmt.Errorf("agent handshake: %w", ctxErr(ctx))
 	}
-	_ = conn.SetDeadline(time.Time{})
-	log.G(ctx).WithField("hellos", w.hellos).WithField("discarded_bytes", discarded).Debug("agent handshake done")
-	return withLeftover(conn, rest), nil
+	log.G(ctx).WithField("hellos", w.hellos).WithField("discarded_bytes", discarded).Debug("agent handshake: welcomed")
+	return rest, nil
 }
 
 // sayHello writes hello at once and then every helloInterval until
