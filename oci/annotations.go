@@ -28,6 +28,9 @@ const (
 	// AnnotationAllowOtherNamespace ("true"/"false") lets a container be
 	// restored from a checkpoint made in another containerd namespace.
 	AnnotationAllowOtherNamespace = AnnotationPrefix + "checkpoint.allow-other-namespace"
+	// AnnotationTemplate sets the template mode of the sandbox: auto,
+	// never or required.
+	AnnotationTemplate = AnnotationPrefix + "template"
 )
 
 // AllowOtherNamespace reads AnnotationAllowOtherNamespace: false when
@@ -63,6 +66,13 @@ func ApplyAnnotations(cfg config.Config, annotations map[string]string) (config.
 			cfg.Hypervisor.VCPUs, err = parseInt(v, 1, config.MaxVCPUs)
 		case AnnotationMemoryMiB:
 			cfg.Hypervisor.MemoryMiB, err = parseInt(v, config.MinMemoryMiB, config.MaxMemoryMiB)
+		case AnnotationTemplate:
+			switch m := strings.TrimSpace(v); m {
+			case config.TemplateAuto, config.TemplateNever, config.TemplateRequired:
+				cfg.Template.Mode = m
+			default:
+				err = fmt.Errorf("want auto, never or required")
+			}
 		case AnnotationAllowOtherNamespace:
 			if _, perr := AllowOtherNamespace(annotations); perr != nil {
 				return cfg, perr

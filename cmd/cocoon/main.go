@@ -102,6 +102,7 @@ func main() {
 				},
 			},
 			checkpointCommand(),
+			templateCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -11,8 +11,6 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
-	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
-	"github.com/cocoonrt/cocoon/runtime/image"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
 )
 
@@ -56,23 +54,31 @@ func LoadEnv(path string) (*Env, error) {
 }
 
 // StartSandbox boots a sandbox of the cocoon namespace with a fresh id
-// made of prefix and random hex.
+// made of prefix and random hex; it never starts from a template (check
+// and bench boot).
 func (e *Env) StartSandbox(ctx context.Context, prefix string) (*sandbox.Sandbox, error) {
-	img, err := image.Open(e.Config.Guest.ImageDir)
+	o, err := e.newSandbox(prefix)
 	if err != nil {
 		return nil, err
 	}
+	return sandbox.Start(ctx, o)
+}
+
+// StartSandboxWithTemplate starts a sandbox as StartSandbox does, from the
+// template of its shape as template.mode says (sandbox.StartWithTemplate).
+func (e *Env) StartSandboxWithTemplate(ctx context.Context, prefix string) (*sandbox.Sandbox, sandbox.TemplateUse, error) {
+	o, err := e.newSandbox(prefix)
+	if err != nil {
+		return nil, sandbox.TemplateUse{}, err
+	}
+	return sandbox.StartWithTemplate(ctx, o, e.Templates())
+}
+
+// newSandbox are the options of a new sandbox named prefix-<random hex>.
+func (e *Env) newSandbox(prefix string) (sandbox.Options, error) {
 	var rnd [6]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, err
+		return sandbox.Options{}, err
 	}
-	return sandbox.Start(ctx, sandbox.Options{
-		Namespace:   Namespace,
-		ID:          prefix + "-" + hex.EncodeToString(rnd[:]),
-		Config:      e.Config,
-		Driver:      qemu.New(qemu.Config{Binary: e.Config.Hypervisor.Path}),
-		Image:       img,
-		AccelHost:   e.AccelHost,
-		ChannelHost: e.ChannelHost,
-	})
+	return e.sandboxOptions(prefix + "-" + hex.EncodeToString(rnd[:]))
 }

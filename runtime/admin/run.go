@@ -35,7 +35,7 @@ func (e *Env) Run(ctx context.Context, o RunOptions) (uint32, error) {
 	if len(o.Args) == 0 {
 		return 0, fmt.Errorf("run: no command given")
 	}
-	sb, err := e.StartSandbox(ctx, "run")
+	sb, _, err := e.StartSandboxWithTemplate(ctx, "run")
 	if err != nil {
 		return 0, err
 	}

@@ -33,6 +33,27 @@ type Config struct {
 	Runtime Runtime `toml:"runtime"`
 	// Rootfs bounds what comes back from containers' root filesystems.
 	Rootfs Rootfs `toml:"rootfs"`
+	// Template says whether sandboxes start from templates
+	// (docs/templates.md).
+	Template Template `toml:"template"`
+}
+
+// Template modes.
+const (
+	// TemplateAuto starts a sandbox from the template of its shape if
+	// there is a valid one, else boots it and makes the template in the
+	// background.
+	TemplateAuto = "auto"
+	// TemplateNever always boots.
+	TemplateNever = "never"
+	// TemplateRequired starts from a template or fails.
+	TemplateRequired = "required"
+)
+
+// Template configures templates.
+type Template struct {
+	// Mode is TemplateAuto, TemplateNever or TemplateRequired.
+	Mode string `toml:"mode"`
 }
 
 // Hypervisor configures the VMM and the guest's shape.
@@ -149,6 +170,7 @@ func Default() Config {
 			AgentTimeout:    Duration{60 * time.Second},
 			ConsoleLogBytes: 1 << 20,
 		},
+		Template: Template{Mode: TemplateAuto},
 		Rootfs: Rootfs{
 			// A full default scratch disk (10 GiB) and its tar headers,
 			// at about 40 MB/s.
@@ -167,6 +189,7 @@ var envOverrides = [...]struct {
 	set  func(*Config, string) error
 }{
 	{"COCOON_ACCEL", "hypervisor.accel", func(c *Config, v string) error { c.Hypervisor.Accel = v; return nil }},
+	{"COCOON_TEMPLATE", "template.mode", func(c *Config, v string) error { c.Template.Mode = v; return nil }},
 	{"COCOON_CHANNEL", "hypervisor.channel", func(c *Config, v string) error { c.Hypervisor.Channel = v; return nil }},
 	{"COCOON_QEMU", "hypervisor.path", func(c *Config, v string) error { c.Hypervisor.Path = v; return nil }},
 	{"COCOON_IMAGE_DIR", "guest.image_dir", func(c *Config, v string) error { c.Guest.ImageDir = v; return nil }},
@@ -274,6 +297,11 @@ func (c Config) Validate() error {
 	}
 	if c.Runtime.ConsoleLogBytes < 4096 {
 		bad("runtime.console_log_bytes = %d: want at least 4096", c.Runtime.ConsoleLogBytes)
+	}
+	switch c.Template.Mode {
+	case TemplateAuto, TemplateNever, TemplateRequired:
+	default:
+		bad("template.mode = %q: want auto, never or required", c.Template.Mode)
 	}
 	r := c.Rootfs
 	if r.CopyBackMaxBytes < MinCopyBackMaxBytes {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cocoonrt/cocoon/runtime/checkpoint"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/image"
 )
 
 // stdioShape is which standard streams a process has.
@@ -341,11 +342,14 @@ func (s *Sandbox) machine() checkpoint.Machine {
 }
 
 // guestImage names the guest image the sandbox runs.
-func (s *Sandbox) guestImage() checkpoint.GuestImage {
-	if s.image == nil {
+func (s *Sandbox) guestImage() checkpoint.GuestImage { return guestImageOf(s.image) }
+
+// guestImageOf names a guest image by its files' digests.
+func guestImageOf(img *image.Image) checkpoint.GuestImage {
+	if img == nil {
 		return checkpoint.GuestImage{}
 	}
-	mf := s.image.Manifest
+	mf := img.Manifest
 	return checkpoint.GuestImage{Version: mf.Kernel.Release, Kernel: "sha256:" + mf.Kernel.SHA256, Initrd: "sha256:" + mf.Initrd.SHA256}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
 // consoleTailLines is how much of the guest console an error carries.
@@ -84,6 +85,15 @@ type Options struct {
 	// Rootfs is the layer cache that turns containers' rootfs mounts into
 	// disks; without it CreateContainer fails.
 	Rootfs RootfsCache
+	// Template, if set, is the verified template (of this sandbox's
+	// shape, ShapeOf) the VM starts from instead of booting: its memory
+	// mapped copy-on-write, its state loaded, then the guest given its
+	// identity as after a boot. Restore ignores it.
+	Template *template.Template
+
+	// memory is the RAM file of a template's own VM (MakeTemplate),
+	// which is not watched: its agent session is ended before the save.
+	memory *hypervisor.MemoryFile
 }
 
 // Sandbox is one running microVM with a ready agent.
@@ -100,6 +110,9 @@ type Sandbox struct {
 	ChannelReason string
 	// ReadyIn is the time from VMM launch to the agent's first answer.
 	ReadyIn time.Duration
+	// Template is the key of the template the VM started from; "" for a
+	// boot or a restore.
+	Template string
 	// Guest is what the agent said about itself when it became ready.
 	Guest agent.GuestInfo
 
@@ -154,30 +167,29 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	}
 	ctx = log.WithLogger(ctx, log.G(ctx).WithField("sandbox", o.ID))
 	cfg := o.Config
-
-	accel, accelWhy, err := hypervisor.SelectAccel(hypervisor.Accel(cfg.Hypervisor.Accel), o.AccelHost)
+	p, err := planLaunch(o)
 	if err != nil {
 		return nil, err
 	}
-	ch, chWhy, err := channel.Select(channel.Kind(cfg.Hypervisor.Channel), o.ChannelHost)
-	if err != nil {
-		return nil, err
+	clone := o.Template
+	if r != nil {
+		clone = nil
 	}
-	log.G(ctx).WithField("accel", accel).WithField("accel_reason", accelWhy).
-		WithField("channel", ch).WithField("channel_reason", chWhy).WithField("restore", r != nil).Info("starting sandbox")
+	log.G(ctx).WithField("accel", p.accel).WithField("accel_reason", p.accelWhy).
+		WithField("channel", p.ch).WithField("channel_reason", p.chWhy).WithField("restore", r != nil).Info("starting sandbox")
 
 	if err := o.Image.Verify(filepath.Join(cfg.Runtime.DataDir, "image")); err != nil {
 		return nil, err
 	}
 
 	phase := PhaseBooting
-	if r != nil {
+	if r != nil || clone != nil {
 		phase = PhaseRestoring
 	}
 	s := &Sandbox{
 		Namespace: o.Namespace, ID: o.ID,
 		Dir:   filepath.Join(cfg.Runtime.StateDir, o.Namespace, o.ID),
-		Accel: accel, AccelReason: accelWhy, Channel: ch, ChannelReason: chWhy,
+		Accel: p.accel, AccelReason: p.accelWhy, Channel: p.ch, ChannelReason: p.chWhy,
 		stopTimeout:   cfg.Runtime.StopTimeout.Duration,
 		agentTimeout:  cfg.Runtime.AgentTimeout.Duration,
 		rootfs:        o.Rootfs,
@@ -187,19 +199,8 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		watchDone:     make(chan struct{}),
 		stopped:       make(chan struct{}),
 	}
-	s.spec = hypervisor.Spec{
-		ID:              o.ID,
-		StateDir:        s.Dir,
-		Kernel:          o.Image.KernelPath(),
-		Initrd:          o.Image.InitrdPath(),
-		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
-		KernelHZ:        o.Image.Manifest.Kernel.HZ,
-		VCPUs:           cfg.Hypervisor.VCPUs,
-		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
-		Accel:           accel,
-		Channel:         ch,
-		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
-	}
+	s.spec = p.spec
+	s.spec.StateDir = s.Dir
 	began := time.Now()
 	if r != nil {
 		// Everything the checkpoint says is checked before anything is
@@ -228,6 +229,13 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	startCtx, cancel := context.WithTimeout(ctx, cfg.Runtime.StartTimeout.Duration)
 	defer cancel()
 	spec := s.spec
+	spec.Memory = o.memory
+	if clone != nil {
+		if spec.Memory, spec.Restore, err = cloneFrom(clone); err != nil {
+			return nil, err
+		}
+		defer spec.Restore.State.Close()
+	}
 	if r != nil {
 		t := time.Now()
 		if spec.Restore, err = r.prepare(startCtx, s); err != nil {
@@ -236,13 +244,21 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		defer spec.Restore.State.Close()
 		r.took.prepare = time.Since(t)
 	}
+	// A restored guest resumes inside the agent session it had when it
+	// was saved. It is resumed only once the host is connected to the
+	// agent channel (connect), so that it finds a host there, not an
+	// absent one whose EOFs would send its agent into a backoff that the
+	// host's first HELLO then waits out.
+	if spec.Restore != nil {
+		spec.Restore.Resume = false
+	}
 	launched := time.Now()
 	s.vm, err = o.Driver.Launch(startCtx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("launch vm: %w", err)
 	}
 	connecting := time.Now()
-	if err := s.connect(startCtx); err != nil {
+	if err := s.connect(startCtx, spec.Restore != nil); err != nil {
 		return nil, err
 	}
 	if r != nil {
@@ -262,20 +278,70 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		return nil, err
 	}
 	s.ReadyIn = time.Since(launched)
+	if clone != nil {
+		s.Template = clone.Key()
+	}
 	s.agent.SetCallTimeout(s.agentTimeout, func(method string) {
 		s.die(ctx, fmt.Errorf("the guest agent did not answer %s within %v", method, s.agentTimeout))
 	})
-	go s.watch(context.WithoutCancel(ctx))
+	if o.memory != nil {
+		close(s.watchDone)
+	} else {
+		go s.watch(context.WithoutCancel(ctx))
+	}
 	log.G(ctx).WithField("ready_ms", s.ReadyIn.Milliseconds()).WithField("guest_kernel", s.Guest.KernelRelease).
-		WithField("restored", r != nil).Info("sandbox ready")
+		WithField("restored", r != nil).WithField("template", s.Template).Info("sandbox ready")
 	return s, nil
+}
+
+// launchPlan is what start launches: the selected accelerator and
+// channel, with the reasons, and the VM's spec without its state
+// directory.
+type launchPlan struct {
+	accel           hypervisor.Accel
+	accelWhy, chWhy string
+	ch              channel.Kind
+	spec            hypervisor.Spec
+}
+
+// planLaunch selects the accelerator and channel of o and builds the spec
+// of its VM.
+func planLaunch(o Options) (launchPlan, error) {
+	cfg := o.Config
+	var p launchPlan
+	var err error
+	if p.accel, p.accelWhy, err = hypervisor.SelectAccel(hypervisor.Accel(cfg.Hypervisor.Accel), o.AccelHost); err != nil {
+		return p, err
+	}
+	if p.ch, p.chWhy, err = channel.Select(channel.Kind(cfg.Hypervisor.Channel), o.ChannelHost); err != nil {
+		return p, err
+	}
+	if o.Image == nil {
+		return p, fmt.Errorf("no guest image: %w", errdefs.ErrInvalidArgument)
+	}
+	p.spec = hypervisor.Spec{
+		ID:              o.ID,
+		Kernel:          o.Image.KernelPath(),
+		Initrd:          o.Image.InitrdPath(),
+		KernelArgs:      append(o.Image.KernelArgs(), cfg.Hypervisor.KernelArgs...),
+		KernelHZ:        o.Image.Manifest.Kernel.HZ,
+		VCPUs:           cfg.Hypervisor.VCPUs,
+		MemoryMiB:       cfg.Hypervisor.MemoryMiB,
+		Accel:           p.accel,
+		Channel:         p.ch,
+		ConsoleLogBytes: cfg.Runtime.ConsoleLogBytes,
+	}
+	return p, nil
 }
 
 // connect reaches the agent, waits for it to answer and syncs the guest.
 // It gives up as soon as the VMM exits or ctx ends, and the error then
 // carries the tail of the guest console: that is where a guest that does
 // not boot says why.
-func (s *Sandbox) connect(ctx context.Context) error {
+//
+// resume says the VM was restored paused: it is resumed once the host is
+// connected to the agent channel.
+func (s *Sandbox) connect(ctx context.Context, resume bool) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
@@ -299,9 +365,22 @@ func (s *Sandbox) connect(ctx context.Context) error {
 		return fmt.Errorf("guest agent %s: %w%s", step, err, s.consoleTail())
 	}
 
+	began := time.Now()
 	conn, err := s.vm.AgentEndpoint().Dial(ctx)
 	if err != nil {
 		return fail("connect", err)
+	}
+	dialed := time.Now()
+	if resume {
+		snap, ok := s.vm.(hypervisor.Snapshotter)
+		if !ok {
+			conn.Close()
+			return fail("connect", fmt.Errorf("the restored VM cannot be resumed: %w", errdefs.ErrNotImplemented))
+		}
+		if err := snap.Resume(ctx); err != nil {
+			conn.Close()
+			return fail("connect", fmt.Errorf("resume the restored VM: %w", err))
+		}
 	}
 	// Connect waits for the agent to take the channel (its handshake):
 	// a guest that never gets there is not ready.
@@ -310,14 +389,20 @@ func (s *Sandbox) connect(ctx context.Context) error {
 		conn.Close()
 		return fail("not ready", err)
 	}
+	handshaken := time.Now()
 	info, err := s.agent.WaitReady(ctx)
 	if err != nil {
 		return fail("not ready", err)
 	}
 	s.Guest = info
+	answered := time.Now()
 	if err := s.Sync(ctx); err != nil {
 		return fail("sync", err)
 	}
+	log.G(ctx).WithFields(log.Fields{
+		"dial_ms": dialed.Sub(began).Milliseconds(), "handshake_ms": handshaken.Sub(dialed).Milliseconds(),
+		"ping_ms": answered.Sub(handshaken).Milliseconds(), "sync_ms": time.Since(answered).Milliseconds(),
+	}).Debug("agent connected")
 	return nil
 }
 

@@ -6,15 +6,18 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/containerd/log"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/image"
 	"github.com/cocoonrt/cocoon/runtime/rootfs"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
+	"github.com/cocoonrt/cocoon/runtime/template"
 	"github.com/cocoonrt/cocoon/shim/task"
 )
 
@@ -32,9 +35,19 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	sb, err := sandbox.Start(ctx, o)
+	store := template.Open(o.Config.Runtime.DataDir)
+	sb, use, err := sandbox.StartWithTemplate(ctx, o, store)
 	if err != nil {
 		return nil, err
+	}
+	lg := log.G(ctx).WithFields(log.Fields{"sandbox": r.ID, "template_mode": use.Mode, "key": use.Key, "ready_ms": sb.ReadyIn.Milliseconds()})
+	if use.Used {
+		lg.Info("sandbox started from template")
+	} else {
+		lg.WithField("reason", use.Why).Info("sandbox booted")
+		if use.Missing && use.Mode == config.TemplateAuto {
+			l.makeTemplate(ctx, store, r, use.Key)
+		}
 	}
 	return newVMSandbox(sb), nil
 }

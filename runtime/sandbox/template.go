@@ -1,0 +1,237 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/cocoonrt/cocoon/guest/api"
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/config"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/template"
+)
+
+// TemplateNamespace is the namespace of the sandboxes that templates are
+// made from; their ids are "template-<key>".
+const TemplateNamespace = "cocoon.templates"
+
+// templateSettle is how long a template's guest idles between its agent's
+// first answer and the save, so that what the kernel and the agent do
+// right after boot is done once, in the template, not in every clone.
+const templateSettle = 500 * time.Millisecond
+
+// ShapeOf is the shape of the VM that Start would launch for o: what
+// keys its template.
+func ShapeOf(o Options) (template.Shape, error) {
+	p, err := planLaunch(o)
+	if err != nil {
+		return template.Shape{}, err
+	}
+	planner, ok := o.Driver.(hypervisor.Planner)
+	if !ok {
+		return template.Shape{}, fmt.Errorf("templates: the %s driver cannot plan a launch: %w", o.Driver.Name(), errdefs.ErrNotImplemented)
+	}
+	hp, err := planner.Plan(p.spec)
+	if err != nil {
+		return template.Shape{}, err
+	}
+	return template.Shape{
+		Driver: hp.Driver, VMM: hp.VMM, VMMID: hp.VMMID,
+		MachineType: hp.Type, Devices: hp.Devices,
+		VCPUs: p.spec.VCPUs, MemoryMiB: p.spec.MemoryMiB,
+		Accel: string(p.spec.Accel), Channel: string(p.spec.Channel),
+		KernelArgs: p.spec.KernelArgs,
+		Guest:      guestImageOf(o.Image),
+	}, nil
+}
+
+// MakeTemplate makes the template of o's shape in store: a sandbox of the
+// shape is booted with its RAM in the template's memory file (shared),
+// its agent waited for, left to settle, paused and saved, and stopped.
+// What store.Create says of an existing template and of the lock holds.
+func MakeTemplate(ctx context.Context, o Options, store *template.Store, co template.CreateOptions) (*template.Template, bool, error) {
+	shape, err := ShapeOf(o)
+	if err != nil {
+		return nil, false, err
+	}
+	key := shape.Key()
+	return store.Create(ctx, shape, co, func(ctx context.Context, b template.Build) (template.Built, error) {
+		var built template.Built
+		bo := o
+		bo.Namespace, bo.ID, bo.Template = TemplateNamespace, "template-"+key, nil
+		bo.memory = &hypervisor.MemoryFile{Path: b.Memory, Shared: true}
+		sb, err := Start(ctx, bo)
+		if err != nil {
+			return built, fmt.Errorf("boot the template's guest: %w", err)
+		}
+		defer func() {
+			if err := sb.Stop(context.WithoutCancel(ctx)); err != nil {
+				log.G(ctx).WithError(err).Warn("stop the template's guest")
+			}
+		}()
+		built.Boot = sb.ReadyIn
+		// The agent session ends before the save, so that a clone's
+		// agent waits in its handshake for the clone's host instead
+		// of resuming in a session it must first find broken. On
+		// virtio-serial the port is connected again at once (a host
+		// that is gone reads as EOF, which the agent would wait out
+		// in backoff) and the handshake is taken to its WELCOME: the
+		// guest is parked where the clone's HELLO finds it.
+		sb.agent.Close()
+		if sb.Channel == channel.Serial {
+			raw, err := sb.vm.AgentEndpoint().Dial(ctx)
+			if err != nil {
+				return built, fmt.Errorf("reconnect the template's agent channel: %w", err)
+			}
+			defer raw.Close()
+			if err := api.HostPark(ctx, raw); err != nil {
+				return built, fmt.Errorf("park the template's agent: %w", err)
+			}
+		}
+		select {
+		case <-time.After(templateSettle):
+		case <-ctx.Done():
+			return built, ctx.Err()
+		case <-sb.vm.Exited():
+			return built, fmt.Errorf("the template's guest exited before it was saved: %w", hypervisor.ErrVMExited)
+		}
+		began := time.Now()
+		if err := sb.saveTemplate(ctx, b.State); err != nil {
+			return built, err
+		}
+		built.Save = time.Since(began)
+		built.Machine = sb.machine()
+		log.G(ctx).WithFields(log.Fields{"key": key, "boot_ms": built.Boot.Milliseconds(), "save_ms": built.Save.Milliseconds()}).Info("template saved")
+		return built, nil
+	})
+}
+
+// saveTemplate pauses the VM and saves its state (its RAM is the shared
+// memory file) to path. The VM stays paused: it is stopped next.
+func (s *Sandbox) saveTemplate(ctx context.Context, path string) error {
+	snap, ok := s.vm.(hypervisor.Snapshotter)
+	if !ok {
+		return fmt.Errorf("templates: the hypervisor driver cannot save a VM: %w", errdefs.ErrNotImplemented)
+	}
+	if err := s.life.to(PhasePaused); err != nil {
+		return err
+	}
+	if err := snap.Pause(ctx); err != nil {
+		return fmt.Errorf("pause the template's VM: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := s.life.to(PhaseSaving); err != nil {
+		return err
+	}
+	_, err = snap.Save(ctx, f)
+	if perr := s.life.to(PhasePaused); err == nil {
+		err = perr
+	}
+	if err != nil {
+		return fmt.Errorf("save the template's VM: %w", err)
+	}
+	return f.Sync()
+}
+
+// cloneFrom is what Launch needs to start the VM from template t: its
+// memory file mapped privately and its state, loaded and resumed. The
+// VMM is checked to be the machine the template was saved from before
+// anything is loaded.
+func cloneFrom(t *template.Template) (*hypervisor.MemoryFile, *hypervisor.Restore, error) {
+	state, err := t.OpenState()
+	if err != nil {
+		return nil, nil, err
+	}
+	want := t.Manifest.Machine
+	return &hypervisor.MemoryFile{Path: t.MemoryPath()}, &hypervisor.Restore{
+		State:  state,
+		Resume: true,
+		Check: func(hm hypervisor.Machine) error {
+			if hm.Driver != want.Driver || hm.Version != want.DriverVersion || hm.Type != want.MachineType || !slices.Equal(hm.Devices, want.Devices) {
+				return fmt.Errorf("template %s was saved by %s %s (%s, devices %q), this VMM is %s %s (%s, devices %q): %w",
+					t.Key(), want.Driver, want.DriverVersion, want.MachineType, want.Devices, hm.Driver, hm.Version, hm.Type, hm.Devices, template.ErrStale)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// TemplateUse says how StartWithTemplate started a sandbox.
+type TemplateUse struct {
+	// Mode is the template mode it followed.
+	Mode string
+	// Key is the key of the sandbox's shape.
+	Key string
+	// Used says the VM started from the template; otherwise it booted,
+	// and Why says why.
+	Used bool
+	Why  string
+	// Missing says that no valid template of the shape exists: in auto
+	// mode the caller makes one in the background.
+	Missing bool
+}
+
+// StartWithTemplate starts a sandbox the way o.Config.Template.Mode says:
+// never boots; auto starts from the valid template of the sandbox's shape
+// in store if there is one and boots otherwise (also when the start from
+// the template fails on the template's account: a state the VMM refuses,
+// a VMM that is not the template's); required starts from the template or
+// fails, naming the shape's key. A template that is there but stale or
+// corrupt is never loaded; the log says why it was passed over.
+func StartWithTemplate(ctx context.Context, o Options, store *template.Store) (*Sandbox, TemplateUse, error) {
+	use := TemplateUse{Mode: o.Config.Template.Mode}
+	o.Template = nil
+	if use.Mode == config.TemplateNever {
+		use.Why = "template.mode is never"
+		sb, err := Start(ctx, o)
+		return sb, use, err
+	}
+	lg := log.G(ctx).WithField("sandbox", o.ID)
+	shape, err := ShapeOf(o)
+	if err != nil {
+		if use.Mode == config.TemplateRequired {
+			return nil, use, fmt.Errorf("template.mode is required: %w", err)
+		}
+		use.Why = err.Error()
+		lg.WithError(err).Warn("no template can serve this sandbox; booting")
+		sb, err := Start(ctx, o)
+		return sb, use, err
+	}
+	use.Key = shape.Key()
+	t, err := store.Lookup(shape)
+	switch {
+	case err == nil:
+		o.Template = t
+		sb, err := Start(ctx, o)
+		if err == nil {
+			use.Used = true
+			return sb, use, nil
+		}
+		if use.Mode == config.TemplateRequired || !errors.Is(err, template.ErrStale) && !errdefs.IsInvalidArgument(err) {
+			return nil, use, fmt.Errorf("start from template %s: %w", use.Key, err)
+		}
+		use.Why, use.Missing = fmt.Sprintf("the start from template %s failed: %v", use.Key, err), true
+	case errdefs.IsNotFound(err):
+		use.Why, use.Missing = fmt.Sprintf("no template of this shape (key %s) yet", use.Key), true
+	default:
+		use.Why, use.Missing = err.Error(), true
+	}
+	if use.Mode == config.TemplateRequired {
+		return nil, use, fmt.Errorf("template.mode is required, and %s; `cocoon template create` makes it: %w", use.Why, errdefs.ErrFailedPrecondition)
+	}
+	lg.WithField("key", use.Key).WithField("reason", use.Why).Info("booting the sandbox: no template to start it from")
+	o.Template = nil
+	sb, err := Start(ctx, o)
+	return sb, use, err
+}
