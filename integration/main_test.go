@@ -55,6 +55,10 @@ func stateRoot(t *testing.T) (stateDir, dataDir string) {
 		t.Fatal(err)
 	}
 	t.Setenv("COCOON_CONFIG", filepath.Join(root, "config.toml"))
+	// Sandboxes boot unless the test says otherwise (see shimContainerd).
+	if os.Getenv("COCOON_TEMPLATE") == "" {
+		t.Setenv("COCOON_TEMPLATE", "never")
+	}
 	t.Cleanup(func() { assertClean(t, stateDir) })
 	return stateDir, dataDir
 }

@@ -46,7 +46,8 @@ var (
 
 // shimContainerd starts containerd version with the busybox image
 // imported and shims that have private state and data directories, an
-// empty config file and the test's COCOON_* settings (image, QEMU). When
+// empty config file and the test's COCOON_* settings (image, QEMU,
+// COCOON_TEMPLATE, which is "never" unless the test set it). When
 // the test ends it checks that no QEMU or sandbox state of these shims
 // remains.
 func shimContainerd(t *testing.T, version string) (c *harness.Containerd, img, stateDir string) {
@@ -57,7 +58,10 @@ func shimContainerd(t *testing.T, version string) (c *harness.Containerd, img, s
 	if err := os.WriteFile(cfg, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	kv := []string{"COCOON_CONFIG=" + cfg, "COCOON_STATE_DIR=" + stateDir, "COCOON_DATA_DIR=" + filepath.Join(root, "lib")}
+	// Sandboxes boot unless a test sets COCOON_TEMPLATE itself: a
+	// template made in the background (auto mode) would boot a VM of
+	// its own while the test runs (template_test.go tests them).
+	kv := []string{"COCOON_CONFIG=" + cfg, "COCOON_STATE_DIR=" + stateDir, "COCOON_DATA_DIR=" + filepath.Join(root, "lib"), "COCOON_TEMPLATE=never"}
 	for _, e := range os.Environ() {
 		name, _, _ := strings.Cut(e, "=")
 		switch name {
