@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/cocoonrt/cocoon/integration/harness"
+	"github.com/cocoonrt/cocoon/oci"
+	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/admin"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
 )
@@ -73,16 +75,64 @@ func run(ctx context.Context) error {
 		return err
 	}
 	fmt.Printf("--- host kernel:  %s\n", strings.TrimSpace(string(host)))
-	fmt.Printf("--- ctr run --rm --runtime io.containerd.cocoon.v2 %s demo uname -r\n", image)
+	// With a template of the default shape (`make install` makes it),
+	// the container is asked to start from it (io.cocoon.template =
+	// required): that it ran then shows which way it started.
+	args := []string{"run", "--rm", "--runtime", "io.containerd.cocoon.v2"}
+	how, err := startsFrom(env)
+	if err != nil {
+		return err
+	}
+	if how.template != "" {
+		args = append(args, "--annotation", oci.AnnotationTemplate+"="+config.TemplateRequired)
+	}
+	args = append(args, image, "demo", "uname", "-r")
+	fmt.Printf("--- ctr %s\n", strings.Join(args, " "))
 	start := time.Now()
 	var guest, stderr strings.Builder
-	cmd := c.CtrCommand(ctx, "run", "--rm", "--runtime", "io.containerd.cocoon.v2", image, "demo", "uname", "-r")
+	cmd := c.CtrCommand(ctx, args...)
 	cmd.Stdout, cmd.Stderr = &guest, &stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("ctr run: %w\n%s", err, stderr.String())
 	}
-	fmt.Printf("--- guest kernel: %s   (microVM, %.1f s end to end)\n", strings.TrimSpace(guest.String()), time.Since(start).Seconds())
+	fmt.Printf("--- guest kernel: %s   (microVM, %.1f s end to end, %s)\n", strings.TrimSpace(guest.String()), time.Since(start).Seconds(), how)
 	return nil
+}
+
+// start says which way the demo's sandbox starts.
+type start struct {
+	// template is the key of the template it starts from; "" for a boot.
+	template string
+	// why it boots.
+	why string
+}
+
+func (s start) String() string {
+	if s.template != "" {
+		return "started from template " + s.template[:12]
+	}
+	return "booted: " + s.why
+}
+
+// startsFrom finds the template of the default shape, verified, if there
+// is one.
+func startsFrom(env *admin.Env) (start, error) {
+	if env.Config.Template.Mode == config.TemplateNever {
+		return start{why: "template.mode is never"}, nil
+	}
+	o, err := env.DefaultOptions()
+	if err != nil {
+		return start{}, err
+	}
+	shape, err := sandbox.ShapeOf(o)
+	if err != nil {
+		return start{why: err.Error()}, nil
+	}
+	t, err := env.Templates().Lookup(shape)
+	if err != nil {
+		return start{why: "no usable template of this shape (" + err.Error() + ")"}, nil
+	}
+	return start{template: t.Key()}, nil
 }
 
 // containerd returns the host's containerd if one answers, else a private

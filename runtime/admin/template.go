@@ -33,6 +33,10 @@ type TemplateOptions struct {
 // Templates is the store of templates.
 func (e *Env) Templates() *template.Store { return template.Open(e.Config.Runtime.DataDir) }
 
+// DefaultOptions are the options of a sandbox of the configured shape,
+// as ShapeOf takes them.
+func (e *Env) DefaultOptions() (sandbox.Options, error) { return e.sandboxOptions("shape") }
+
 // sandboxOptions are the options of a sandbox of the cocoon namespace
 // named id.
 func (e *Env) sandboxOptions(id string) (sandbox.Options, error) {
