@@ -244,12 +244,14 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		defer spec.Restore.State.Close()
 		r.took.prepare = time.Since(t)
 	}
-	// A restored guest resumes inside the agent session it had when it
-	// was saved. It is resumed only once the host is connected to the
-	// agent channel (connect), so that it finds a host there, not an
-	// absent one whose EOFs would send its agent into a backoff that the
-	// host's first HELLO then waits out.
-	if spec.Restore != nil {
+	// A restored guest on virtio-serial is resumed only once the host
+	// is connected to the agent channel (connect), so that it finds a
+	// host there, not an absent one whose EOFs would send its agent into
+	// a backoff that the host's first HELLO then waits out. On vsock the
+	// host's connect needs the guest running, and a restored guest's
+	// vsock transport is reset (its new CID) as it resumes.
+	resumeAfterDial := spec.Restore != nil && spec.Channel == channel.Serial
+	if resumeAfterDial {
 		spec.Restore.Resume = false
 	}
 	launched := time.Now()
@@ -258,7 +260,7 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		return nil, fmt.Errorf("launch vm: %w", err)
 	}
 	connecting := time.Now()
-	if err := s.connect(startCtx, spec.Restore != nil); err != nil {
+	if err := s.connect(startCtx, resumeAfterDial); err != nil {
 		return nil, err
 	}
 	if r != nil {
