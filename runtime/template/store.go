@@ -81,6 +81,12 @@ func (t *Template) stale(format string, args ...any) error {
 func (s *Store) Lookup(shape Shape) (*Template, error) {
 	key := shape.Key()
 	t, err := s.Load(key)
+	var ske *shapeKeyError
+	if errors.As(err, &ske) {
+		if d := ske.shape.diff(shape); len(d) > 0 {
+			return nil, (&Template{Dir: filepath.Join(s.dir, key)}).stale("made for another shape (%s differ; its key is %s)", strings.Join(d, ", "), ske.got)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +128,8 @@ func (s *Store) Load(key string) (*Template, error) {
 	}
 	m, err := decodeManifest(data, key)
 	if err != nil {
-		return nil, t.stale("%v", err)
+		// Wrapped, not formatted: Lookup looks into a shapeKeyError.
+		return nil, fmt.Errorf("template %s: %w: %w", t.Dir, err, ErrStale)
 	}
 	t.Manifest = m
 	return t, nil

@@ -183,7 +183,7 @@ func decodeManifest(data []byte, key string) (*Manifest, error) {
 		return nil, fmt.Errorf("%s names key %q, the directory is %q", ManifestName, m.Key, key)
 	}
 	if got := m.Shape.Key(); got != key {
-		return nil, fmt.Errorf("%s: its shape's key is %s, not %s", ManifestName, got, key)
+		return nil, &shapeKeyError{shape: m.Shape, got: got, key: key}
 	}
 	if m.State != StateName || m.Memory != MemoryName {
 		return nil, fmt.Errorf("%s names files %q and %q, want %q and %q", ManifestName, m.State, m.Memory, StateName, MemoryName)
@@ -207,6 +207,18 @@ func decodeManifest(data []byte, key string) (*Manifest, error) {
 		return nil, fmt.Errorf("%s: its machine does not match its shape", ManifestName)
 	}
 	return &m, nil
+}
+
+// shapeKeyError is decodeManifest's error for a manifest whose shape is
+// not the shape of its key: Lookup, which knows the shape it asked for,
+// names the fields that differ.
+type shapeKeyError struct {
+	shape    Shape
+	got, key string
+}
+
+func (e *shapeKeyError) Error() string {
+	return fmt.Sprintf("%s: its shape's key is %s, not %s", ManifestName, e.got, e.key)
 }
 
 var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
