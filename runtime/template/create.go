@@ -2,6 +2,7 @@ package template
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -125,6 +126,15 @@ func (s *Store) Create(ctx context.Context, shape Shape, o CreateOptions, build 
 		Format: FormatVersion, Key: key, Created: time.Now().UTC(), Shape: shape, Machine: built.Machine,
 		State: StateName, Memory: MemoryName, Files: files,
 		BootMillis: built.Boot.Milliseconds(), SaveMillis: built.Save.Milliseconds(),
+	}
+	// What is put in place must load: a template Load refuses would be
+	// passed over by every sandbox of the shape, each asking for it anew.
+	data, err := json.Marshal(m)
+	if err != nil {
+		return nil, false, fmt.Errorf("template %s: manifest: %w", key, err)
+	}
+	if _, err := decodeManifest(data, key); err != nil {
+		return nil, false, fmt.Errorf("template %s: what the build left would not load: %v", key, err)
 	}
 	if err := writeJSON(filepath.Join(tmp, ManifestName), m); err != nil {
 		return nil, false, fmt.Errorf("template %s: manifest: %w", key, err)
