@@ -184,6 +184,19 @@ func (t *Template) Verify(full bool) error {
 	return writeJSON(filepath.Join(t.Dir, stampName), stamp{Key: t.Manifest.Key, Files: now})
 }
 
+// Stamped says, without hashing, whether the template's files are as the
+// last full verification found them (by their status): if they are not,
+// the next lookup hashes them again. A file that is missing, not a
+// regular file or not of its listed size is ErrStale.
+func (t *Template) Stamped() (bool, error) {
+	now, err := t.statuses()
+	if err != nil {
+		return false, err
+	}
+	old, err := t.readStamp()
+	return err == nil && old.Key == t.Manifest.Key && equalStatuses(old.Files, now), nil
+}
+
 // statuses are the current status of each listed file, of the listed size.
 func (t *Template) statuses() ([]fileStatus, error) {
 	var out []fileStatus
@@ -313,6 +326,32 @@ func (s *Store) Failure(key string) *Failure {
 		return &Failure{Error: "unreadable record"}
 	}
 	return &rec
+}
+
+// KeyFailure is the record of a failed creation of a key.
+type KeyFailure struct {
+	Key string
+	Failure
+}
+
+// Failures returns the records of failed automatic creations, sorted by
+// key, whether or not a template of the key exists.
+func (s *Store) Failures() ([]KeyFailure, error) {
+	names, err := readDirNames(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []KeyFailure
+	for _, name := range names {
+		key, ok := strings.CutSuffix(name, failedSuffix)
+		if !ok || ValidKey(key) != nil {
+			continue
+		}
+		if f := s.Failure(key); f != nil {
+			out = append(out, KeyFailure{Key: key, Failure: *f})
+		}
+	}
+	return out, nil
 }
 
 // openRegular opens path read-only if it is a regular file (never through

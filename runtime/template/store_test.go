@@ -478,3 +478,45 @@ func TestRemove(t *testing.T) {
 		t.Errorf("the failure record is still there: %v", err)
 	}
 }
+
+func TestStamped(t *testing.T) {
+	s := Open(t.TempDir())
+	tpl := mustCreate(t, s, testShape())
+	if ok, err := tpl.Stamped(); !ok || err != nil {
+		t.Errorf("stamped after create: %v, %v", ok, err)
+	}
+	f, _ := os.OpenFile(tpl.MemoryPath(), os.O_WRONLY, 0)
+	f.WriteAt([]byte{'Y'}, 0)
+	f.Close()
+	if ok, err := tpl.Stamped(); ok || err != nil {
+		t.Errorf("stamped after a write: %v, %v", ok, err)
+	}
+	os.Remove(filepath.Join(tpl.Dir, stampName))
+	if ok, err := tpl.Stamped(); ok || err != nil {
+		t.Errorf("stamped with no stamp: %v, %v", ok, err)
+	}
+	os.Truncate(tpl.MemoryPath(), 1)
+	if _, err := tpl.Stamped(); !errors.Is(err, ErrStale) {
+		t.Errorf("stamped with a truncated file: %v", err)
+	}
+}
+
+func TestFailures(t *testing.T) {
+	s := Open(t.TempDir())
+	if list, err := s.Failures(); err != nil || len(list) != 0 {
+		t.Fatalf("failures of a store never made: %v, %v", list, err)
+	}
+	os.MkdirAll(s.Dir(), 0o700)
+	a, b := strings.Repeat("b", 32), strings.Repeat("a", 32)
+	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	writeJSON(filepath.Join(s.Dir(), a+failedSuffix), Failure{Time: when, Error: "boom"})
+	os.WriteFile(filepath.Join(s.Dir(), b+failedSuffix), []byte("?"), 0o600)
+	os.WriteFile(filepath.Join(s.Dir(), "x"+failedSuffix), []byte("{}"), 0o600)
+	list, err := s.Failures()
+	if err != nil || len(list) != 2 {
+		t.Fatalf("failures: %+v, %v", list, err)
+	}
+	if list[0].Key != b || list[0].Error != "unreadable record" || list[1].Key != a || list[1].Error != "boom" || !list[1].Time.Equal(when) {
+		t.Errorf("failures: %+v", list)
+	}
+}
