@@ -174,6 +174,11 @@ func New(cfg Config) (*Service, error) {
 
 // Ping reports the agent's version and the guest's state.
 func (s *Service) Ping(ctx context.Context, _ *api.PingRequest) (*api.PingResponse, error) {
+	return s.info()
+}
+
+// info is what Ping answers.
+func (s *Service) info() (*api.PingResponse, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		return nil, fmt.Errorf("read boot clock: %w", err)
@@ -218,7 +223,11 @@ func (s *Service) SyncGuest(ctx context.Context, req *api.SyncGuestRequest) (*ap
 		return nil, err
 	}
 	log.G(ctx).WithField("hostname", req.Hostname).Debug("guest synced")
-	return &api.SyncGuestResponse{}, nil
+	info, err := s.info()
+	if err != nil {
+		return nil, err
+	}
+	return &api.SyncGuestResponse{Guest: info}, nil
 }
 
 // shutdownReplyGrace is how long the power-off waits so that the reply to

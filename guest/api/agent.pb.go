@@ -1074,7 +1074,11 @@ func (x *SyncGuestRequest) GetHostname() string {
 }
 
 type SyncGuestResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// guest is what Ping answers, read after the sync: the host's first
+	// call on a new session is SyncGuest, and its answer is the guest's
+	// readiness.
+	Guest         *PingResponse `protobuf:"bytes,1,opt,name=guest,proto3" json:"guest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1107,6 +1111,13 @@ func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SyncGuestResponse.ProtoReflect.Descriptor instead.
 func (*SyncGuestResponse) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SyncGuestResponse) GetGuest() *PingResponse {
+	if x != nil {
+		return x.Guest
+	}
+	return nil
 }
 
 type StartProcessRequest struct {
@@ -1801,8 +1812,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x10SyncGuestRequest\x12)\n" +
 	"\x11wall_time_unix_ns\x18\x01 \x01(\x03R\x0ewallTimeUnixNs\x12\x18\n" +
 	"\aentropy\x18\x02 \x01(\fR\aentropy\x12\x1a\n" +
-	"\bhostname\x18\x03 \x01(\tR\bhostname\"\x13\n" +
-	"\x11SyncGuestResponse\"\x91\x02\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\"H\n" +
+	"\x11SyncGuestResponse\x123\n" +
+	"\x05guest\x18\x01 \x01(\v2\x1d.cocoon.agent.v1.PingResponseR\x05guest\"\x91\x02\n" +
 	"\x13StartProcessRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -1921,57 +1933,58 @@ var file_agent_proto_depIdxs = []int32{
 	4,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
 	5,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
 	0,  // 3: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
-	15, // 4: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	17, // 5: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	19, // 6: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	21, // 7: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	23, // 8: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	24, // 9: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	27, // 10: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	25, // 11: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
-	28, // 12: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	14, // 13: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
-	14, // 14: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
-	6,  // 15: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 16: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	7,  // 17: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	8,  // 18: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 19: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 20: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 21: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 22: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 23: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 24: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 25: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	12, // 26: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	16, // 27: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	18, // 28: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	20, // 29: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	22, // 30: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	14, // 31: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	14, // 32: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	14, // 33: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	20, // 34: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 35: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	26, // 36: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
-	14, // 37: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
-	20, // 38: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 39: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	20, // 40: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 41: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 42: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 43: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	14, // 44: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 45: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 46: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 47: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	11, // 48: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	13, // 49: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	27, // [27:50] is the sub-list for method output_type
-	4,  // [4:27] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	16, // 4: cocoon.agent.v1.SyncGuestResponse.guest:type_name -> cocoon.agent.v1.PingResponse
+	15, // 5: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	17, // 6: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	19, // 7: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	21, // 8: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	23, // 9: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	24, // 10: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	27, // 11: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	25, // 12: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
+	28, // 13: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	14, // 14: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
+	14, // 15: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
+	6,  // 16: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 17: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	7,  // 18: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	8,  // 19: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 20: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 21: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 22: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 23: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 24: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 25: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 26: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	12, // 27: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	16, // 28: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	18, // 29: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	20, // 30: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	22, // 31: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	14, // 32: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	14, // 33: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	14, // 34: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	20, // 35: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 36: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	26, // 37: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	14, // 38: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	20, // 39: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 40: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	20, // 41: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	14, // 42: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 43: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 44: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	14, // 45: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 46: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 47: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 48: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	11, // 49: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	13, // 50: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	28, // [28:51] is the sub-list for method output_type
+	5,  // [5:28] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

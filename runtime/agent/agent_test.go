@@ -635,19 +635,24 @@ func TestSyncGuest(t *testing.T) {
 	h := newHarness(t)
 	ctx := testCtx(t, 10*time.Second)
 	now := time.Unix(1700000000, 123)
-	if err := h.client.SyncGuest(ctx, GuestSync{WallTime: now, Entropy: []byte("0123456789"), Hostname: "box"}); err != nil {
+	info, err := h.client.SyncGuest(ctx, GuestSync{WallTime: now, Entropy: []byte("0123456789"), Hostname: "box"})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Its answer is the guest's, as a ping's.
+	if info.Version == "" || info.KernelRelease == "" {
+		t.Errorf("sync answered %+v, want the guest's version and kernel", info)
 	}
 	h.sys.mu.Lock()
 	if !h.sys.clock.Equal(now) || string(h.sys.entropy) != "0123456789" || h.sys.hostname != "box" {
 		t.Errorf("system got %v %q %q", h.sys.clock, h.sys.entropy, h.sys.hostname)
 	}
 	h.sys.mu.Unlock()
-	if err := h.client.SyncGuest(ctx, GuestSync{Entropy: make([]byte, 513)}); !errdefs.IsInvalidArgument(err) {
+	if _, err := h.client.SyncGuest(ctx, GuestSync{Entropy: make([]byte, 513)}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("oversized entropy: want invalid argument, got %v", err)
 	}
 	// A sandbox named after a 76-character containerd id: its first 64.
-	if err := h.client.SyncGuest(ctx, GuestSync{Hostname: strings.Repeat("h", 64) + "-and-more-id"}); err != nil {
+	if _, err := h.client.SyncGuest(ctx, GuestSync{Hostname: strings.Repeat("h", 64) + "-and-more-id"}); err != nil {
 		t.Errorf("long hostname: %v", err)
 	}
 	h.sys.mu.Lock()

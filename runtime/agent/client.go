@@ -247,12 +247,20 @@ func (c *Client) Ping(ctx context.Context) (GuestInfo, error) {
 	if err != nil {
 		return GuestInfo{}, c.mapErr("ping agent", err)
 	}
+	return infoOf(resp), nil
+}
+
+// infoOf is the GuestInfo of a ping's answer, its strings bounded.
+func infoOf(resp *api.PingResponse) GuestInfo {
+	if resp == nil {
+		return GuestInfo{}
+	}
 	return GuestInfo{
 		Version:       trim(resp.Version),
 		KernelRelease: trim(resp.KernelRelease),
 		Uptime:        time.Duration(clampNs(resp.UptimeNs)),
 		InitDuration:  time.Duration(clampNs(resp.InitNs)),
-	}, nil
+	}
 }
 
 func trim(s string) string {
@@ -313,9 +321,12 @@ type GuestSync struct {
 // maxHostname is the guest kernel's HOST_NAME_MAX.
 const maxHostname = 64
 
-// SyncGuest sets the guest's clock, entropy and hostname. Call it after
-// WaitReady and after every restore from a snapshot or template.
-func (c *Client) SyncGuest(ctx context.Context, s GuestSync) error {
+// SyncGuest sets the guest's clock, entropy and hostname, and returns
+// what the guest says of itself afterwards (as Ping does). It is the
+// host's first call on a new session, after a boot and after every
+// restore from a snapshot or template: its answer is the guest's
+// readiness.
+func (c *Client) SyncGuest(ctx context.Context, s GuestSync) (GuestInfo, error) {
 	req := &api.SyncGuestRequest{Entropy: s.Entropy, Hostname: s.Hostname}
 	if len(req.Hostname) > maxHostname {
 		req.Hostname = req.Hostname[:maxHostname]
@@ -323,8 +334,11 @@ func (c *Client) SyncGuest(ctx context.Context, s GuestSync) error {
 	if !s.WallTime.IsZero() {
 		req.WallTimeUnixNs = s.WallTime.UnixNano()
 	}
-	_, err := c.agent.SyncGuest(ctx, req)
-	return c.mapErr("sync guest", err)
+	resp, err := c.agent.SyncGuest(ctx, req)
+	if err != nil {
+		return GuestInfo{}, c.mapErr("sync guest", err)
+	}
+	return infoOf(resp.GetGuest()), nil
 }
 
 // Shutdown asks the agent to sync, unmount and power the guest off. A

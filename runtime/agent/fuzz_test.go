@@ -201,7 +201,8 @@ var fuzzCalls = []func(ctx context.Context, t *testing.T, c *Client) error{
 		return err
 	},
 	func(ctx context.Context, t *testing.T, c *Client) error {
-		return c.SyncGuest(ctx, GuestSync{WallTime: time.Now(), Hostname: "h"})
+		_, err := c.SyncGuest(ctx, GuestSync{WallTime: time.Now(), Hostname: "h"})
+		return err
 	},
 	func(ctx context.Context, t *testing.T, c *Client) error {
 		return c.KillContainer(ctx, "c1", syscall.SIGTERM, true)
