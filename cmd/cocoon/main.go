@@ -1,6 +1,6 @@
 // Command cocoon is Cocoon's admin CLI: check the host, run a command in a
 // throwaway microVM, list and clean up sandboxes, inspect a checkpoint,
-// print the configuration.
+// make, list and remove templates, print the configuration.
 package main
 
 import (

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
 
 	"github.com/cocoonrt/cocoon/runtime/admin"
@@ -41,6 +42,55 @@ func templateCommand() *cli.Command {
 					return nil
 				}
 				return err
+			},
+		}, {
+			Name:    "ls",
+			Aliases: []string{"list"},
+			Usage:   "list the templates, the records of failed creations, and which template the configured shape uses (*)",
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 0 {
+					return fmt.Errorf("usage: cocoon template ls: %w", errdefs.ErrInvalidArgument)
+				}
+				env, err := admin.LoadEnv(c.String("config"))
+				if err != nil {
+					return err
+				}
+				return env.ListTemplates(c.App.Writer)
+			},
+		}, {
+			Name:      "rm",
+			Usage:     "remove templates (sandboxes running from one keep running) and the records of their failed creations",
+			ArgsUsage: "KEY... | --all",
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "all", Usage: "remove every template and record"},
+			},
+			Action: func(c *cli.Context) error {
+				if c.Bool("all") == (c.NArg() > 0) {
+					return fmt.Errorf("usage: cocoon template rm KEY... | --all: %w", errdefs.ErrInvalidArgument)
+				}
+				env, err := admin.LoadEnv(c.String("config"))
+				if err != nil {
+					return err
+				}
+				return env.RemoveTemplates(c.App.Writer, c.Args().Slice(), c.Bool("all"))
+			},
+		}, {
+			Name:      "inspect",
+			Usage:     "print what a template holds; with --verify, check its files' digests",
+			ArgsUsage: "KEY",
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "json", Usage: "print the manifest as JSON instead of a summary"},
+				&cli.BoolFlag{Name: "verify", Usage: "hash the files and check them against the manifest; fail if they differ"},
+			},
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 {
+					return fmt.Errorf("usage: cocoon template inspect [--json] [--verify] KEY: %w", errdefs.ErrInvalidArgument)
+				}
+				env, err := admin.LoadEnv(c.String("config"))
+				if err != nil {
+					return err
+				}
+				return env.InspectTemplate(c.App.Writer, c.Args().First(), admin.InspectOptions{JSON: c.Bool("json"), Verify: c.Bool("verify")})
 			},
 		}},
 	}

@@ -2,12 +2,23 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/containerd/errdefs"
 
+	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/image"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
@@ -94,4 +105,382 @@ func (e *Env) CreateTemplate(ctx context.Context, w io.Writer, o TemplateOptions
 	fmt.Fprintf(w, "template %s created in %v (guest ready in %d ms, saved in %d ms): %s\n",
 		t.Key(), time.Since(began).Round(time.Millisecond), m.BootMillis, m.SaveMillis, t.Dir)
 	return nil
+}
+
+// CurrentShape is the shape of a sandbox of the configuration's size:
+// the shape whose template sandboxes start from unless annotations size
+// them otherwise.
+func (e *Env) CurrentShape() (template.Shape, error) {
+	o, err := e.DefaultOptions()
+	if err != nil {
+		return template.Shape{}, err
+	}
+	return sandbox.ShapeOf(o)
+}
+
+// ListTemplates prints the store's templates as a table, with the
+// records of failed creations, and marks with * the template of the
+// current configuration's shape. Files are checked by their status, not
+// hashed (InspectTemplate with verify hashes them).
+func (e *Env) ListTemplates(w io.Writer) error {
+	store := e.Templates()
+	list, err := store.List()
+	if err != nil {
+		return err
+	}
+	failures, err := store.Failures()
+	if err != nil {
+		return err
+	}
+	failed := map[string]template.Failure{}
+	for _, f := range failures {
+		failed[f.Key] = f.Failure
+	}
+	cur, curErr := e.CurrentShape()
+	curKey := ""
+	if curErr == nil {
+		curKey = cur.Key()
+	}
+	mark := func(key string) string {
+		if key == curKey {
+			return "*"
+		}
+		return ""
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tKEY\tVCPUS\tMEMORY\tACCEL\tCHANNEL\tGUEST\tCREATED\tDISK\tSTATUS")
+	found := false
+	for _, en := range list {
+		found = found || en.Key == curKey
+		status := templateStatus(en)
+		if f, ok := failed[en.Key]; ok {
+			status += "; " + failureNote(f, 160)
+			delete(failed, en.Key)
+		}
+		if en.Template == nil {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\t%s\n", mark(en.Key), en.Key, humanBytes(en.DiskBytes), status)
+			continue
+		}
+		m := en.Template.Manifest
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", mark(en.Key), en.Key, shapeColumns(m.Shape),
+			m.Created.Local().Format(time.RFC3339), humanBytes(en.DiskBytes), status)
+	}
+	// Failed creations of keys that have no template.
+	for _, f := range failures {
+		if _, ok := failed[f.Key]; !ok {
+			continue
+		}
+		size := "-\t-\t-\t-\t-"
+		if f.Key == curKey {
+			size = shapeColumns(cur)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t%s\n", mark(f.Key), f.Key, size, failureNote(f.Failure, 160))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case curErr != nil:
+		fmt.Fprintf(w, "the current configuration's shape is unknown: %s\n", oneLine(curErr.Error(), 200))
+	case found:
+		fmt.Fprintf(w, "* the template of the current configuration's shape\n")
+	default:
+		fmt.Fprintf(w, "the current configuration's shape (key %s) has no template: `cocoon template create` makes it\n", curKey)
+	}
+	if e.Config.Template.Mode == config.TemplateNever {
+		fmt.Fprintf(w, "template.mode is never: sandboxes boot, whatever templates there are\n")
+	}
+	return nil
+}
+
+// shapeColumns are the VCPUS, MEMORY, ACCEL, CHANNEL and GUEST columns
+// of ListTemplates.
+func shapeColumns(s template.Shape) string {
+	return fmt.Sprintf("%d\t%d MiB\t%s\t%s\t%s", s.VCPUs, s.MemoryMiB, show(s.Accel), show(s.Channel), show(s.Guest.Version))
+}
+
+// templateStatus is the STATUS of a template in ListTemplates.
+func templateStatus(en template.Entry) string {
+	if en.Template == nil {
+		return "unreadable: " + staleReason(en.Err.Error(), en.Dir, 160)
+	}
+	ok, err := en.Template.Stamped()
+	switch {
+	case err != nil:
+		return "unreadable: " + staleReason(err.Error(), en.Dir, 160)
+	case !ok:
+		return "ok, files changed since last verified"
+	}
+	return "ok"
+}
+
+// failureNote says when and why a creation failed, on one line of at
+// most about limit characters.
+func failureNote(f template.Failure, limit int) string {
+	when := "an unknown time"
+	if !f.Time.IsZero() {
+		when = f.Time.Local().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("failed creation at %s: %s", when, oneLine(f.Error, limit))
+}
+
+// staleReason is why the template in dir is refused, without what every
+// such error says: the directory and that the template is stale.
+func staleReason(reason, dir string, limit int) string {
+	reason = strings.TrimPrefix(reason, "template "+dir+": ")
+	reason = strings.TrimSuffix(reason, ": "+template.ErrStale.Error())
+	return oneLine(reason, limit)
+}
+
+// oneLine is s on one line of at most limit characters, its spaces and
+// newlines folded and anything unprintable replaced, so that an error
+// (a guest console's tail, say) cannot break a table or drive the
+// terminal.
+func oneLine(s string, limit int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	s = strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
+	if r := []rune(s); len(r) > limit {
+		s = string(r[:limit-1]) + "…"
+	}
+	return s
+}
+
+// show returns s as it is if it is plain (printable, no spaces, not
+// empty), else quoted: manifests are read back, and a hand-edited one
+// must not drive the terminal.
+func show(s string) string {
+	if s == "" {
+		return `""`
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) || r == '"' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// showList shows each element of l, "none" if there are none.
+func showList(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	s := make([]string, len(l))
+	for i, v := range l {
+		s[i] = show(v)
+	}
+	return strings.Join(s, " ")
+}
+
+// RemoveTemplates removes the templates of keys, and the records of
+// their failed creations; with all, every template and record. It says
+// on w what it removed. Keys are all checked before anything is removed;
+// a key with nothing to remove does not stop the others.
+func (e *Env) RemoveTemplates(w io.Writer, keys []string, all bool) error {
+	store := e.Templates()
+	if all {
+		if len(keys) > 0 {
+			return fmt.Errorf("template rm: keys and --all: %w", errdefs.ErrInvalidArgument)
+		}
+		var err error
+		if keys, err = storeKeys(store); err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			fmt.Fprintf(w, "no templates in %s\n", store.Dir())
+			return nil
+		}
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("template rm: no key given: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, key := range keys {
+		if err := template.ValidKey(key); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, key := range keys {
+		_, statErr := os.Lstat(filepath.Join(store.Dir(), key))
+		if err := store.Remove(key); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if errors.Is(statErr, os.ErrNotExist) {
+			fmt.Fprintf(w, "removed the record of a failed creation of template %s\n", key)
+		} else {
+			fmt.Fprintf(w, "removed template %s\n", key)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// storeKeys are the keys of the store's templates and failure records.
+func storeKeys(store *template.Store) ([]string, error) {
+	list, err := store.List()
+	if err != nil {
+		return nil, err
+	}
+	failures, err := store.Failures()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var keys []string
+	for _, en := range list {
+		seen[en.Key] = true
+		keys = append(keys, en.Key)
+	}
+	for _, f := range failures {
+		if !seen[f.Key] {
+			keys = append(keys, f.Key)
+		}
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// InspectOptions say what InspectTemplate prints.
+type InspectOptions struct {
+	// JSON prints the manifest as JSON instead of a summary.
+	JSON bool
+	// Verify hashes the template's files and checks them against the
+	// manifest; its failure is InspectTemplate's error.
+	Verify bool
+}
+
+// InspectTemplate prints the template key: a summary (shape, machine,
+// files with sizes and digests, times) or its manifest as JSON. A key
+// with no template but the record of a failed creation has that printed
+// (not with JSON) and is errdefs.ErrNotFound.
+func (e *Env) InspectTemplate(w io.Writer, key string, o InspectOptions) error {
+	if err := template.ValidKey(key); err != nil {
+		return err
+	}
+	store := e.Templates()
+	failure := store.Failure(key)
+	t, err := store.Load(key)
+	if err != nil {
+		if failure != nil && !o.JSON {
+			fmt.Fprintln(w, failureNote(*failure, 1<<16))
+		}
+		return err
+	}
+	if o.JSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(t.Manifest); err != nil {
+			return err
+		}
+		if o.Verify {
+			return t.Verify(true)
+		}
+		return nil
+	}
+	if err := e.describeTemplate(w, t); err != nil {
+		return err
+	}
+	if failure != nil {
+		fmt.Fprintln(w, failureNote(*failure, 1<<16))
+	}
+	if o.Verify {
+		if err := t.Verify(true); err != nil {
+			fmt.Fprintf(w, "verified: failed: %s\n", staleReason(err.Error(), t.Dir, 1<<16))
+			return err
+		}
+		_, err := fmt.Fprintln(w, "verified: ok (sizes and sha256 digests)")
+		return err
+	}
+	ok, err := t.Stamped()
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "verified: failed: %s\n", staleReason(err.Error(), t.Dir, 1<<16))
+		return err
+	case ok:
+		_, err = fmt.Fprintln(w, "verified: files unchanged since their digests were checked (--verify checks them again)")
+	default:
+		_, err = fmt.Fprintln(w, "verified: files changed since their digests were checked (--verify checks them)")
+	}
+	return err
+}
+
+// describeTemplate writes the summary of InspectTemplate.
+func (e *Env) describeTemplate(w io.Writer, t *template.Template) error {
+	m := t.Manifest
+	sh, mc := m.Shape, m.Machine
+	current := "no"
+	if cur, err := e.CurrentShape(); err != nil {
+		current = "unknown: " + oneLine(err.Error(), 200)
+	} else if cur.Key() == m.Key {
+		current = "yes: sandboxes of the configured size start from it"
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "key:\t%s\n", m.Key)
+	fmt.Fprintf(tw, "directory:\t%s\n", t.Dir)
+	fmt.Fprintf(tw, "format:\t%d\n", m.Format)
+	fmt.Fprintf(tw, "created:\t%s\n", m.Created.UTC().Format(time.RFC3339))
+	fmt.Fprintf(tw, "current:\t%s\n", current)
+	fmt.Fprintf(tw, "guest ready in:\t%d ms (boot of the template's guest)\n", m.BootMillis)
+	fmt.Fprintf(tw, "saved in:\t%d ms\n", m.SaveMillis)
+	fmt.Fprintf(tw, "machine:\t%s %s, %s, %d vCPUs, %d MiB, accel %s, channel %s\n",
+		show(mc.Driver), show(mc.DriverVersion), show(mc.MachineType), mc.VCPUs, mc.MemoryMiB, show(mc.Accel), show(mc.Channel))
+	fmt.Fprintf(tw, "kernel cmdline:\t%s\n", showList(mc.KernelArgs))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "shape:")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "  driver:\t%s\n", show(sh.Driver))
+	fmt.Fprintf(tw, "  vmm:\t%s (%s)\n", show(sh.VMM), show(sh.VMMID))
+	fmt.Fprintf(tw, "  machine type:\t%s\n", show(sh.MachineType))
+	fmt.Fprintf(tw, "  devices:\t%s\n", showList(sh.Devices))
+	fmt.Fprintf(tw, "  vcpus:\t%d\n", sh.VCPUs)
+	fmt.Fprintf(tw, "  memory:\t%d MiB\n", sh.MemoryMiB)
+	fmt.Fprintf(tw, "  accel:\t%s\n", show(sh.Accel))
+	fmt.Fprintf(tw, "  channel:\t%s\n", show(sh.Channel))
+	fmt.Fprintf(tw, "  kernel args:\t%s\n", showList(sh.KernelArgs))
+	fmt.Fprintf(tw, "  guest image:\t%s, kernel %s, initrd %s\n", show(sh.Guest.Version), show(sh.Guest.Kernel), show(sh.Guest.Initrd))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "files: %d\n", len(m.Files))
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var total, onDisk int64
+	for _, f := range m.Files {
+		alloc := allocatedBytes(filepath.Join(t.Dir, f.Name))
+		total, onDisk = total+f.Size, onDisk+alloc
+		fmt.Fprintf(tw, "  %s\t%s\t%s on disk\tsha256 %s\n", show(f.Name), sizeOf(f.Size), humanBytes(alloc), show(f.SHA256))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "total: %s, %s on disk\n", sizeOf(total), humanBytes(onDisk))
+	return err
+}
+
+// sizeOf shows n bytes, and in a binary unit when that is not bytes.
+func sizeOf(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d bytes (%s)", n, humanBytes(n))
+}
+
+// allocatedBytes is what the file at path takes on disk (its memory
+// file is sparse), 0 if it cannot be told.
+func allocatedBytes(path string) int64 {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return 0
 }
