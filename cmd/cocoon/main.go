@@ -84,7 +84,7 @@ func main() {
 			},
 			{
 				Name:  "gc",
-				Usage: "remove the state of sandboxes whose VM is gone, then unused layer images",
+				Usage: "remove the state of sandboxes whose VM is gone, then unused layer images and templates that can no longer be used",
 				Flags: []cli.Flag{
 					&cli.DurationFlag{Name: "layers-min-idle", Usage: "keep an unused layer image whose snapshot still exists until it has been unused this long (0: 24h; negative: remove at once)"},
 				},
@@ -98,7 +98,10 @@ func main() {
 					if err := env.GC(c.Context, os.Stdout); err != nil {
 						return err
 					}
-					return env.GCLayers(c.Context, os.Stdout, c.Duration("layers-min-idle"))
+					return errors.Join(
+						env.GCLayers(c.Context, os.Stdout, c.Duration("layers-min-idle")),
+						env.GCTemplates(c.Context, os.Stdout),
+					)
 				},
 			},
 			checkpointCommand(),

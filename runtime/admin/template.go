@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,7 +19,9 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/cocoonrt/cocoon/runtime/checkpoint"
 	"github.com/cocoonrt/cocoon/runtime/config"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/image"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
@@ -483,4 +486,68 @@ func allocatedBytes(path string) int64 {
 		return st.Blocks * 512
 	}
 	return 0
+}
+
+// treeBytes is what the files under path (or the file path) take on disk.
+func treeBytes(path string) int64 {
+	var n int64
+	filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n += allocatedBytes(p)
+		}
+		return nil
+	})
+	return n
+}
+
+// GCTemplates removes the templates that can never be used again (see
+// template.Store.GC): those that do not hold together, those of another
+// guest image or VMM binary than the installed ones, the records of
+// failed creations and the leftovers of interrupted ones. It says on w
+// what it removed and why. With no installed guest image to tell the
+// templates of the current one, it removes nothing.
+func (e *Env) GCTemplates(ctx context.Context, w io.Writer) error {
+	store := e.Templates()
+	dir := store.Dir()
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(w, "templates %s: none\n", dir)
+		return nil
+	}
+	img, err := image.Open(e.Config.Guest.ImageDir)
+	if err != nil {
+		fmt.Fprintf(w, "templates %s: kept, none removed: no guest image to tell the usable ones (%s)\n", dir, oneLine(err.Error(), 200))
+		return nil
+	}
+	mf := img.Manifest
+	cur := template.Current{Guest: checkpoint.GuestImage{
+		Version: mf.Kernel.Release, Kernel: "sha256:" + mf.Kernel.SHA256, Initrd: "sha256:" + mf.Initrd.SHA256,
+	}}
+	// Plan needs no more of a spec for the VMM binary it names.
+	if p, err := qemu.New(qemu.Config{Binary: e.Config.Hypervisor.Path}).Plan(hypervisor.Spec{}); err != nil {
+		fmt.Fprintf(w, "templates %s: the VMM is unknown, templates of every VMM are kept (%s)\n", dir, oneLine(err.Error(), 200))
+	} else {
+		cur.VMM, cur.VMMID = p.VMM, p.VMMID
+	}
+	// What each entry takes, before GC removes it.
+	sizes := map[string]int64{}
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, en := range ents {
+			sizes[en.Name()] = treeBytes(filepath.Join(dir, en.Name()))
+		}
+	}
+	removed, err := store.GC(ctx, cur)
+	var freed int64
+	for _, r := range removed {
+		freed += sizes[r.Name]
+		if template.ValidKey(r.Name) == nil {
+			fmt.Fprintf(w, "removed template %s (%s)\n", r.Name, staleReason(r.Reason, filepath.Join(dir, r.Name), 1<<16))
+		} else {
+			fmt.Fprintf(w, "removed %s (%s)\n", filepath.Join(dir, r.Name), r.Reason)
+		}
+	}
+	fmt.Fprintf(w, "templates %s: removed %d, freed %s\n", dir, len(removed), humanBytes(freed))
+	if err != nil {
+		return fmt.Errorf("templates gc: %w", err)
+	}
+	return nil
 }

@@ -358,3 +358,67 @@ func TestInspectTemplateMissing(t *testing.T) {
 		t.Errorf("inspect of a failed creation: %v, printed %q", err, out.String())
 	}
 }
+
+func TestGCTemplates(t *testing.T) {
+	e := testEnv(t)
+	var out bytes.Buffer
+	if err := e.GCTemplates(context.Background(), &out); err != nil || out.String() != "templates "+e.Templates().Dir()+": none\n" {
+		t.Errorf("gc of no store: %v, printed %q", err, out.String())
+	}
+
+	cur := currentShape(t, e)
+	makeTemplate(t, e, cur)
+	oldGuest := otherShape(t, e, 2)
+	oldGuest.Guest.Version, oldGuest.Guest.Kernel = "6.1.0-old", "sha256:"+strings.Repeat("c", 64)
+	makeTemplate(t, e, oldGuest)
+	oldVMM := otherShape(t, e, 3)
+	oldVMM.VMMID = "dev=0,ino=0,size=0,mtime=0"
+	makeTemplate(t, e, oldVMM)
+	bad := makeTemplate(t, e, otherShape(t, e, 4))
+	corrupt(t, bad)
+	writeFailure(t, e, cur.Key(), "boom")
+
+	// With no guest image to go by, nothing is removed.
+	imageDir := e.Config.Guest.ImageDir
+	e.Config.Guest.ImageDir = t.TempDir()
+	out.Reset()
+	if err := e.GCTemplates(context.Background(), &out); err != nil || !strings.Contains(out.String(), ": kept, none removed: no guest image") {
+		t.Errorf("gc with no guest image: %v, printed %q", err, out.String())
+	}
+	if list, _ := e.Templates().List(); len(list) != 4 {
+		t.Errorf("gc with no guest image left %d templates", len(list))
+	}
+
+	e.Config.Guest.ImageDir = imageDir
+	out.Reset()
+	if err := e.GCTemplates(context.Background(), &out); err != nil {
+		t.Fatalf("gc: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		"removed template " + oldGuest.Key() + " (made for guest image 6.1.0-old sha256:cccc",
+		"removed template " + oldVMM.Key() + " (made with VMM " + e.Config.Hypervisor.Path + " (dev=0,ino=0,size=0,mtime=0), the installed one is",
+		"removed template " + bad.Key() + " (memory: sha256 is ",
+		"removed " + filepath.Join(e.Templates().Dir(), cur.Key()+".failed") + " (record of a failed creation)\n",
+		"templates " + e.Templates().Dir() + ": removed 4, freed ",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("gc does not print %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, cur.Key()+" (") || strings.Contains(got, "stale or corrupt") {
+		t.Errorf("gc printed:\n%s", got)
+	}
+	if _, err := e.Templates().Lookup(cur); err != nil {
+		t.Errorf("gc removed the current template: %v", err)
+	}
+
+	// A VMM that cannot be found keeps templates of every VMM.
+	makeTemplate(t, e, oldVMM)
+	e.Config.Hypervisor.Path = filepath.Join(t.TempDir(), "no-qemu")
+	out.Reset()
+	if err := e.GCTemplates(context.Background(), &out); err != nil || !strings.Contains(out.String(), "the VMM is unknown, templates of every VMM are kept") ||
+		!strings.HasSuffix(out.String(), ": removed 0, freed 0 B\n") {
+		t.Errorf("gc with no VMM: %v, printed %q", err, out.String())
+	}
+}
