@@ -56,9 +56,17 @@ type ctrdBench struct {
 }
 
 // startCtrd starts the private containerd and imports the image. The
-// caller must close it, also on error paths.
-func startCtrd(stateDir, dataDir string) (*ctrdBench, error) {
-	c, err := harness.Start("1.6")
+// caller must close it, also on error paths. stateDir and dataDir are the
+// shims' runtime.state_dir and runtime.data_dir; opts may set them (and
+// other COCOON_* settings) in containerd's environment, which the shims
+// inherit. The shims boot every sandbox unless opts or a container's
+// io.cocoon.template annotation say otherwise: the figures of cold
+// starts must not turn into starts from a template made in the
+// background during the run (auto mode), nor share the machine with
+// that template's boot.
+func startCtrd(stateDir, dataDir string, opts ...harness.Option) (*ctrdBench, error) {
+	opts = append([]harness.Option{harness.WithEnv("COCOON_TEMPLATE=" + config.TemplateNever)}, opts...)
+	c, err := harness.Start("1.6", opts...)
 	if err != nil {
 		return nil, err
 	}
