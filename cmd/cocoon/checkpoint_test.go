@@ -61,7 +61,7 @@ func TestCheckpointInspect(t *testing.T) {
 		t.Fatalf("inspect: %v\n%s", err, out)
 	}
 	for _, want := range []string{
-		"format:       1", "sandbox:      default/sb1", "machine:      qemu 7.2.19, microvm, 1 vCPUs, 256 MiB, accel tcg, channel vsock",
+		"format:       2", "sandbox:      default/sb1", "machine:      qemu 7.2.19, microvm, 1 vCPUs, 256 MiB, accel tcg, channel vsock",
 		"containers: 1", "  c1: 1 process\n    init  guest p1  pid 1  stdout\n",
 		"c1-layer-0  scsi 0:0  layer  read-only  container c1  sha256:ccc",
 		"vm.state  20 bytes  sha256 ", "total: 20 bytes in 1 file and the manifest", "verified: ok",

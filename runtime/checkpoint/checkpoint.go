@@ -26,7 +26,10 @@ import (
 )
 
 // FormatVersion is the manifest format this package writes and reads.
-const FormatVersion = 1
+// Format 2: every VM's RAM is the memory backend "mem" and its state is
+// saved with x-ignore-shared, which changes the stream; format 1's
+// states do not load.
+const FormatVersion = 2
 
 // ManifestName is the manifest's file name in a checkpoint directory.
 const ManifestName = "manifest.json"

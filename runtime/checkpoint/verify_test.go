@@ -136,11 +136,11 @@ func TestVerifyRefusals(t *testing.T) {
 			os.Remove(filepath.Join(dir, ManifestName))
 		}, `file "manifest.json" is missing`},
 		{"unknown format", func(t *testing.T, dir string, m *Manifest) {
-			writeManifestRaw(t, dir, []byte(`{"format": 2, "shiny_new_field": true}`))
-		}, `manifest.json has format 2, newer than this build reads (1)`},
+			writeManifestRaw(t, dir, []byte(`{"format": 3, "shiny_new_field": true}`))
+		}, `manifest.json has format 3, newer than this build reads (2)`},
 		{"format 0", func(t *testing.T, dir string, m *Manifest) {
 			editManifest(t, dir, func(m *Manifest) { m.Format = 0 })
-		}, `manifest.json has format 0, this build reads format 1`},
+		}, `manifest.json has format 0, this build reads format 2`},
 		{"malformed JSON", func(t *testing.T, dir string, m *Manifest) {
 			editFile(t, dir, ManifestName, func(b []byte) []byte { return b[:len(b)/2] })
 		}, `manifest.json is not valid JSON`},
