@@ -54,11 +54,21 @@ bin/cocoon-agent: $(GO_SOURCES)
 guest: bin/cocoon-agent
 	bash guest/image/build.sh bin/cocoon-agent $(GUEST_DIR)
 
+# Then the template of the configured shape (docs/templates.md), so that the
+# first sandbox starts from it instead of booting: `cocoon template create`
+# boots a guest once and saves it (a few seconds under TCG), with the
+# installed configuration, and only says that it exists when it does, so a
+# second install boots nothing. A new guest image or QEMU is a new shape and
+# gets its own; `cocoon gc` removes the old one. INSTALL_TEMPLATE= (empty)
+# skips it, for an install that is not to run VMs.
+INSTALL_TEMPLATE ?= yes
+
 install: build guest
 	install -D -m 0755 bin/cocoon $(PREFIX)/bin/cocoon
 	install -D -m 0755 bin/containerd-shim-cocoon-v2 $(PREFIX)/bin/containerd-shim-cocoon-v2
 	install -d -m 0755 $(SHARE_DIR)
 	install -m 0644 $(GUEST_DIR)/vmlinux $(GUEST_DIR)/initrd.img $(GUEST_DIR)/manifest.json $(SHARE_DIR)/
+	$(if $(INSTALL_TEMPLATE),$(PREFIX)/bin/cocoon template create)
 
 # Installs what is missing, nothing else: safe to run again.
 deps:
