@@ -24,8 +24,8 @@ import (
 
 	"github.com/cocoonrt/cocoon/integration/harness"
 	"github.com/cocoonrt/cocoon/oci"
-	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/admin"
+	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
 )
 
