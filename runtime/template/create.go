@@ -262,17 +262,28 @@ func (s *Store) GC(ctx context.Context, cur Current) ([]Removed, error) {
 		switch {
 		case strings.HasPrefix(name, tmpPrefix):
 			if lockErr == nil {
-				os.RemoveAll(filepath.Join(s.dir, name))
-				out = append(out, Removed{Name: name, Reason: "left over by an interrupted creation or removal"})
+				if err := os.RemoveAll(filepath.Join(s.dir, name)); err != nil {
+					errs = append(errs, err)
+				} else {
+					out = append(out, Removed{Name: name, Reason: "left over by an interrupted creation or removal"})
+				}
 			}
 		case strings.HasSuffix(name, failedSuffix):
-			remove(name, "record of a failed creation", false)
+			// A recent record holds the automatic retry back; gc
+			// leaves it until its backoff has passed.
+			if f := s.Failure(strings.TrimSuffix(name, failedSuffix)); f == nil || time.Since(f.Time) >= FailureBackoff {
+				remove(name, "record of a failed creation", false)
+			}
 		case ValidKey(name) == nil:
 			t, err := s.Load(name)
 			if err == nil {
 				err = t.Verify(false)
 			}
 			switch {
+			case err != nil && !errors.Is(err, ErrStale):
+				// Not the template's fault (the stamp could not be
+				// written, say): it stays.
+				errs = append(errs, err)
 			case err != nil:
 				remove(name, err.Error(), true)
 			case t.Manifest.Shape.Guest != cur.Guest:

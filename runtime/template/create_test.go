@@ -293,8 +293,12 @@ func TestGC(t *testing.T) {
 	oldVMM.Accel = "kvm"
 	oldVMM.VMMID = "dev=1,ino=9,size=3,mtime=4"
 	mustCreate(t, s, oldVMM)
+	// A failure past its backoff goes; a recent one stays, holding the
+	// automatic retry back.
 	failed := strings.Repeat("e", 32) + failedSuffix
-	writeJSON(filepath.Join(s.Dir(), failed), Failure{Time: time.Now(), Error: "boom"})
+	writeJSON(filepath.Join(s.Dir(), failed), Failure{Time: time.Now().Add(-FailureBackoff - time.Minute), Error: "boom"})
+	recent := strings.Repeat("f", 32) + failedSuffix
+	writeJSON(filepath.Join(s.Dir(), recent), Failure{Time: time.Now(), Error: "boom"})
 	leftover := tmpPrefix + cur.Key() + "-123"
 	os.MkdirAll(filepath.Join(s.Dir(), leftover, "x"), 0o700)
 	os.WriteFile(filepath.Join(s.Dir(), LogName), []byte("log\n"), 0o600)
@@ -321,7 +325,7 @@ func TestGC(t *testing.T) {
 	if len(removed) != 5 {
 		t.Errorf("gc removed %d things: %+v", len(removed), removed)
 	}
-	if names := storeNames(t, s); fmt.Sprint(names) != fmt.Sprint([]string{lockName, cur.Key(), LogName}) {
+	if names := storeNames(t, s); fmt.Sprint(names) != fmt.Sprint([]string{lockName, cur.Key(), LogName, recent}) {
 		t.Errorf("the store holds %q after gc", names)
 	}
 	if _, err := s.Lookup(cur); err != nil {
