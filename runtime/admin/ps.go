@@ -91,8 +91,12 @@ func (e *Env) GC(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	var errs []error
+	// The VM of a template being made belongs to the process making it;
+	// one that outlived its maker (killed mid-creation) is ended.
+	creating := e.Templates().Creating()
 	for _, s := range list {
-		if s.VMMPid != 0 || e.young(s) {
+		orphan := s.VMMPid != 0 && filepath.Base(filepath.Dir(s.Dir)) == sandbox.TemplateNamespace && !creating
+		if (s.VMMPid != 0 && !orphan) || e.young(s) {
 			continue
 		}
 		if err := qemu.Cleanup(ctx, s.Dir); err != nil {

@@ -191,6 +191,20 @@ func (s *Store) lock(ctx context.Context, noWait bool) (func(), error) {
 	}
 }
 
+// Creating says whether a creation holds the store's lock now (this
+// process's or another's).
+func (s *Store) Creating() bool {
+	if _, err := os.Stat(s.dir); err != nil {
+		return false
+	}
+	unlock, err := s.lock(context.Background(), true)
+	if err != nil {
+		return errors.Is(err, ErrBusy)
+	}
+	unlock()
+	return false
+}
+
 // makeFile creates path exclusively, mode 0600, of size bytes (a hole).
 func makeFile(path string, size int64) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)

@@ -217,7 +217,13 @@ func TestCreateUnloadable(t *testing.T) {
 func TestCreateNoWaitBusy(t *testing.T) {
 	s := Open(t.TempDir())
 	shape := testShape()
+	if s.Creating() {
+		t.Error("a store that does not exist says a creation runs")
+	}
 	holdLock(t, s)
+	if !s.Creating() {
+		t.Error("Creating does not see the lock held")
+	}
 	b := newBuild(shape)
 	_, _, err := s.Create(context.Background(), shape, CreateOptions{NoWait: true, Automatic: true}, b.build)
 	if !errors.Is(err, ErrBusy) {
