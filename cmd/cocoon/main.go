@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/containerd/log"
 	"github.com/urfave/cli/v2"
@@ -132,7 +134,13 @@ func main() {
 			},
 		},
 	}
-	if err := app.RunContext(context.Background(), os.Args); err != nil {
+	// SIGINT and SIGTERM end the context, so that a verb that started a
+	// VM (run, check, template create) stops it rather than leave QEMU,
+	// which runs in its own process group, behind.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := app.RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
 		var ec cli.ExitCoder
 		if errors.As(err, &ec) {
 			os.Exit(ec.ExitCode())
