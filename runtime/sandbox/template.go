@@ -222,6 +222,15 @@ func StartWithTemplate(ctx context.Context, o Options, store *template.Store) (*
 			return nil, use, fmt.Errorf("start from template %s: %w", use.Key, err)
 		}
 		use.Why, use.Missing = fmt.Sprintf("the start from template %s failed: %v", use.Key, err), true
+		// Its files are sound but this host cannot start it (another
+		// VMM build, a state QEMU refuses): it is removed, so that the
+		// next creation makes one that can start, rather than every
+		// start trying it again.
+		if rerr := store.Remove(use.Key); rerr != nil {
+			lg.WithError(rerr).Warn("remove a template that cannot start on this host")
+		} else {
+			lg.WithField("key", use.Key).Warn("removed a template that cannot start on this host")
+		}
 	case errdefs.IsNotFound(err):
 		use.Why, use.Missing = fmt.Sprintf("no template of this shape (key %s) yet", use.Key), true
 	default:

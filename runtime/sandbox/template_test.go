@@ -134,6 +134,15 @@ func TestStartWithTemplate(t *testing.T) {
 	if use, err := start(config.TemplateAuto); err != nil || use.Used || !strings.Contains(use.Why, "1.0") {
 		t.Fatalf("auto with a template of another VMM version: %+v, %v", use, err)
 	}
+	// The template that cannot start here is gone; required now fails
+	// for want of one.
+	if _, err := store.Lookup(tm.Manifest.Shape); !errdefs.IsNotFound(err) {
+		t.Fatalf("the template that could not start is still there: %v", err)
+	}
+	if _, _, err := MakeTemplate(ctx, o, store, template.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.machine.Version = "3.0"
 	if _, err := start(config.TemplateRequired); !errors.Is(err, template.ErrStale) {
 		t.Fatalf("required with a template of another VMM version: %v", err)
 	}
