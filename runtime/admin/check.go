@@ -9,9 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/sandbox"
 	"github.com/cocoonrt/cocoon/runtime/version"
 )
 
@@ -63,6 +67,7 @@ func (e *Env) Check(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "  digests: verified\n")
 
 	fmt.Fprintf(w, "containerd: %s\n", containerdStatus(ctx))
+	fmt.Fprintf(w, "template: %s\n", e.templateStatus())
 
 	fmt.Fprintf(w, "booting a throwaway vm (%d vcpu, %d MiB)...\n", cfg.Hypervisor.VCPUs, cfg.Hypervisor.MemoryMiB)
 	sb, err := e.StartSandbox(ctx, "check")
@@ -117,4 +122,30 @@ func commandFirstLine(ctx context.Context, name string, args ...string) (string,
 	}
 	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	return line, nil
+}
+
+// templateStatus says how sandboxes of the configured shape start: from
+// which template, or why they boot.
+func (e *Env) templateStatus() string {
+	mode := e.Config.Template.Mode
+	if mode == config.TemplateNever {
+		return "mode never: sandboxes boot"
+	}
+	o, err := e.DefaultOptions()
+	if err != nil {
+		return fmt.Sprintf("mode %s: %v", mode, err)
+	}
+	shape, err := sandbox.ShapeOf(o)
+	if err != nil {
+		return fmt.Sprintf("mode %s: %v", mode, err)
+	}
+	t, err := e.Templates().Lookup(shape)
+	switch {
+	case err == nil:
+		return fmt.Sprintf("mode %s: sandboxes of this shape start from %s", mode, t.Dir)
+	case errdefs.IsNotFound(err):
+		return fmt.Sprintf("mode %s: no template of this shape (key %s); `cocoon template create` makes it", mode, shape.Key())
+	default:
+		return fmt.Sprintf("mode %s: %v", mode, err)
+	}
 }
