@@ -1,6 +1,7 @@
 // Command bench measures Cocoon on this machine, next to runc in the same
 // run: cold boot to agent-ready, a command run end to end, and the host
-// memory each VM costs. It writes bench/results/latest.json and prints a
+// memory each VM costs, and the same of sandboxes started from a template
+// next to cold boots. It writes bench/results/latest.json and prints a
 // table of medians. Run it with `make bench` (root).
 package main
 
@@ -63,10 +64,10 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint"`)
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template"`)
 	flag.Parse()
-	if *only != "" && *only != "copyback" && *only != "checkpoint" {
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback" or "checkpoint"`)
+	if *only != "" && *only != "copyback" && *only != "checkpoint" && *only != "template" {
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint" or "template"`)
 		os.Exit(2)
 	}
 	if *n < 5 || *ctrN < 10 {
@@ -113,6 +114,15 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		}
 		return writeReport(rep, out)
 	}
+	if only == "template" {
+		f, err := benchTemplate(ctx, env, n, ctrN)
+		if err != nil {
+			return fmt.Errorf("template figures: %w", err)
+		}
+		rep.Accel, rep.Channel = f.accel, f.channel
+		rep.Results = templateResults(f)
+		return writeReport(rep, out)
+	}
 
 	boot, mem, err := benchBoot(ctx, env, n)
 	if err != nil {
@@ -150,6 +160,11 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 	if ctrd.checkpoints.runcErr != nil {
 		rep.RuncNote = strings.TrimSpace(rep.RuncNote + "\nrunc checkpoint figures not measured: " + ctrd.checkpoints.runcErr.Error())
 	}
+	tmpl, err := benchTemplate(ctx, env, n, ctrN)
+	if err != nil {
+		return fmt.Errorf("template figures: %w", err)
+	}
+	rep.Results = append(rep.Results, templateResults(tmpl)...)
 	return writeReport(rep, out)
 }
 

@@ -76,8 +76,10 @@ type vmMemory struct {
 	rss, pss float64
 	// anon is its anonymous memory: what no other process shares.
 	anon float64
-	// ramAnon is the anonymous part of the guest RAM mapping.
-	ramAnon float64
+	// ramAnon is the anonymous part of the guest RAM mapping, ramPSS its
+	// PSS (for a clone of a template, its private copies of pages and
+	// its share of the template's memory file in the page cache).
+	ramAnon, ramPSS float64
 }
 
 // qemuMemory reads a QEMU process's memory from /proc/<pid>/smaps. Guest
@@ -92,7 +94,7 @@ func qemuMemory(pid, memMiB int) (vmMemory, error) {
 		return vmMemory{}, err
 	}
 	var inRAM bool
-	var rssKB, pssKB, anonKB, ramKB int64
+	var rssKB, pssKB, anonKB, ramKB, ramPssKB int64
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -115,6 +117,9 @@ func qemuMemory(pid, memMiB int) (vmMemory, error) {
 			rssKB += v
 		case "Pss:":
 			pssKB += v
+			if inRAM {
+				ramPssKB += v
+			}
 		case "Anonymous:":
 			anonKB += v
 			if inRAM {
@@ -123,7 +128,7 @@ func qemuMemory(pid, memMiB int) (vmMemory, error) {
 		}
 	}
 	mib := func(kb int64) float64 { return float64(kb) / 1024 }
-	return vmMemory{rss: mib(rssKB), pss: mib(pssKB), anon: mib(anonKB), ramAnon: mib(ramKB)}, sc.Err()
+	return vmMemory{rss: mib(rssKB), pss: mib(pssKB), anon: mib(anonKB), ramAnon: mib(ramKB), ramPSS: mib(ramPssKB)}, sc.Err()
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
