@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -200,7 +199,7 @@ func (e *Env) ListTemplates(w io.Writer) error {
 // shapeColumns are the VCPUS, MEMORY, ACCEL, CHANNEL and GUEST columns
 // of ListTemplates.
 func shapeColumns(s template.Shape) string {
-	return fmt.Sprintf("%d\t%d MiB\t%s\t%s\t%s", s.VCPUs, s.MemoryMiB, show(s.Accel), show(s.Channel), show(s.Guest.Version))
+	return fmt.Sprintf("%d\t%d MiB\t%s\t%s\t%s", s.VCPUs, s.MemoryMiB, checkpoint.Show(s.Accel), checkpoint.Show(s.Channel), checkpoint.Show(s.Guest.Version))
 }
 
 // templateStatus is the STATUS of a template in ListTemplates.
@@ -252,33 +251,6 @@ func oneLine(s string, limit int) string {
 		s = string(r[:limit-1]) + "…"
 	}
 	return s
-}
-
-// show returns s as it is if it is plain (printable, no spaces, not
-// empty), else quoted: manifests are read back, and a hand-edited one
-// must not drive the terminal.
-func show(s string) string {
-	if s == "" {
-		return `""`
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) || r == '"' {
-			return strconv.Quote(s)
-		}
-	}
-	return s
-}
-
-// showList shows each element of l, "none" if there are none.
-func showList(l []string) string {
-	if len(l) == 0 {
-		return "none"
-	}
-	s := make([]string, len(l))
-	for i, v := range l {
-		s[i] = show(v)
-	}
-	return strings.Join(s, " ")
 }
 
 // RemoveTemplates removes the templates of keys, and the records of
@@ -432,23 +404,23 @@ func (e *Env) describeTemplate(w io.Writer, t *template.Template) error {
 	fmt.Fprintf(tw, "guest ready in:\t%d ms (boot of the template's guest)\n", m.BootMillis)
 	fmt.Fprintf(tw, "saved in:\t%d ms\n", m.SaveMillis)
 	fmt.Fprintf(tw, "machine:\t%s %s, %s, %d vCPUs, %d MiB, accel %s, channel %s\n",
-		show(mc.Driver), show(mc.DriverVersion), show(mc.MachineType), mc.VCPUs, mc.MemoryMiB, show(mc.Accel), show(mc.Channel))
-	fmt.Fprintf(tw, "kernel cmdline:\t%s\n", showList(mc.KernelArgs))
+		checkpoint.Show(mc.Driver), checkpoint.Show(mc.DriverVersion), checkpoint.Show(mc.MachineType), mc.VCPUs, mc.MemoryMiB, checkpoint.Show(mc.Accel), checkpoint.Show(mc.Channel))
+	fmt.Fprintf(tw, "kernel cmdline:\t%s\n", checkpoint.ShowList(mc.KernelArgs))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(w, "shape:")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "  driver:\t%s\n", show(sh.Driver))
-	fmt.Fprintf(tw, "  vmm:\t%s (%s)\n", show(sh.VMM), show(sh.VMMID))
-	fmt.Fprintf(tw, "  machine type:\t%s\n", show(sh.MachineType))
-	fmt.Fprintf(tw, "  devices:\t%s\n", showList(sh.Devices))
+	fmt.Fprintf(tw, "  driver:\t%s\n", checkpoint.Show(sh.Driver))
+	fmt.Fprintf(tw, "  vmm:\t%s (%s)\n", checkpoint.Show(sh.VMM), checkpoint.Show(sh.VMMID))
+	fmt.Fprintf(tw, "  machine type:\t%s\n", checkpoint.Show(sh.MachineType))
+	fmt.Fprintf(tw, "  devices:\t%s\n", checkpoint.ShowList(sh.Devices))
 	fmt.Fprintf(tw, "  vcpus:\t%d\n", sh.VCPUs)
 	fmt.Fprintf(tw, "  memory:\t%d MiB\n", sh.MemoryMiB)
-	fmt.Fprintf(tw, "  accel:\t%s\n", show(sh.Accel))
-	fmt.Fprintf(tw, "  channel:\t%s\n", show(sh.Channel))
-	fmt.Fprintf(tw, "  kernel args:\t%s\n", showList(sh.KernelArgs))
-	fmt.Fprintf(tw, "  guest image:\t%s, kernel %s, initrd %s\n", show(sh.Guest.Version), show(sh.Guest.Kernel), show(sh.Guest.Initrd))
+	fmt.Fprintf(tw, "  accel:\t%s\n", checkpoint.Show(sh.Accel))
+	fmt.Fprintf(tw, "  channel:\t%s\n", checkpoint.Show(sh.Channel))
+	fmt.Fprintf(tw, "  kernel args:\t%s\n", checkpoint.ShowList(sh.KernelArgs))
+	fmt.Fprintf(tw, "  guest image:\t%s, kernel %s, initrd %s\n", checkpoint.Show(sh.Guest.Version), checkpoint.Show(sh.Guest.Kernel), checkpoint.Show(sh.Guest.Initrd))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -458,7 +430,7 @@ func (e *Env) describeTemplate(w io.Writer, t *template.Template) error {
 	for _, f := range m.Files {
 		alloc := allocatedBytes(filepath.Join(t.Dir, f.Name))
 		total, onDisk = total+f.Size, onDisk+alloc
-		fmt.Fprintf(tw, "  %s\t%s\t%s on disk\tsha256 %s\n", show(f.Name), sizeOf(f.Size), humanBytes(alloc), show(f.SHA256))
+		fmt.Fprintf(tw, "  %s\t%s\t%s on disk\tsha256 %s\n", checkpoint.Show(f.Name), sizeOf(f.Size), humanBytes(alloc), checkpoint.Show(f.SHA256))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

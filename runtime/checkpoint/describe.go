@@ -20,27 +20,27 @@ func (m *Manifest) Describe(w io.Writer) error {
 	mc := m.Machine
 	fmt.Fprintf(tw, "format:\t%d\n", m.Format)
 	fmt.Fprintf(tw, "created:\t%s\n", m.Created.UTC().Format(time.RFC3339))
-	fmt.Fprintf(tw, "sandbox:\t%s/%s\n", show(m.Namespace), show(m.SandboxID))
+	fmt.Fprintf(tw, "sandbox:\t%s/%s\n", Show(m.Namespace), Show(m.SandboxID))
 	fmt.Fprintf(tw, "machine:\t%s %s, %s, %d vCPUs, %d MiB, accel %s, channel %s\n",
-		show(mc.Driver), show(mc.DriverVersion), show(mc.MachineType), mc.VCPUs, mc.MemoryMiB, show(mc.Accel), show(mc.Channel))
-	fmt.Fprintf(tw, "kernel args:\t%s\n", showList(mc.KernelArgs))
-	fmt.Fprintf(tw, "devices:\t%s\n", showList(mc.Devices))
-	fmt.Fprintf(tw, "guest image:\t%s, kernel %s, initrd %s\n", show(m.Guest.Version), show(m.Guest.Kernel), show(m.Guest.Initrd))
-	fmt.Fprintf(tw, "vmm state:\t%s\n", show(m.State))
+		Show(mc.Driver), Show(mc.DriverVersion), Show(mc.MachineType), mc.VCPUs, mc.MemoryMiB, Show(mc.Accel), Show(mc.Channel))
+	fmt.Fprintf(tw, "kernel args:\t%s\n", ShowList(mc.KernelArgs))
+	fmt.Fprintf(tw, "devices:\t%s\n", ShowList(mc.Devices))
+	fmt.Fprintf(tw, "guest image:\t%s, kernel %s, initrd %s\n", Show(m.Guest.Version), Show(m.Guest.Kernel), Show(m.Guest.Initrd))
+	fmt.Fprintf(tw, "vmm state:\t%s\n", Show(m.State))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 
 	fmt.Fprintf(w, "containers: %d\n", len(m.Containers))
 	for _, c := range m.Containers {
-		fmt.Fprintf(w, "  %s: %s\n", show(c.ID), count(len(c.Processes), "process", "processes"))
+		fmt.Fprintf(w, "  %s: %s\n", Show(c.ID), count(len(c.Processes), "process", "processes"))
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, p := range c.Processes {
 			what := "init"
 			if p.ExecID != "" {
-				what = "exec " + show(p.ExecID)
+				what = "exec " + Show(p.ExecID)
 			}
-			fmt.Fprintf(tw, "    %s\tguest %s\tpid %d\t%s\n", what, show(p.GuestID), p.Pid, stdio(p))
+			fmt.Fprintf(tw, "    %s\tguest %s\tpid %d\t%s\n", what, Show(p.GuestID), p.Pid, stdio(p))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -54,12 +54,12 @@ func (m *Manifest) Describe(w io.Writer) error {
 		if d.ReadOnly {
 			mode = "read-only"
 		}
-		what := show(d.Digest)
+		what := Show(d.Digest)
 		if d.Role == RoleScratch {
-			what = fmt.Sprintf("%s nominal, in file %s", sizeOf(d.Size), show(d.File))
+			what = fmt.Sprintf("%s nominal, in file %s", sizeOf(d.Size), Show(d.File))
 		}
 		fmt.Fprintf(tw, "  %s\tscsi %d:%d\t%s\t%s\tcontainer %s\t%s\n",
-			show(d.ID), d.Addr.SCSIID, d.Addr.LUN, show(d.Role), mode, show(d.Container), what)
+			Show(d.ID), d.Addr.SCSIID, d.Addr.LUN, Show(d.Role), mode, Show(d.Container), what)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -70,7 +70,7 @@ func (m *Manifest) Describe(w io.Writer) error {
 	var total int64
 	for _, f := range m.Files {
 		total += f.Size
-		fmt.Fprintf(tw, "  %s\t%s\tsha256 %s\n", show(f.Name), sizeOf(f.Size), show(f.SHA256))
+		fmt.Fprintf(tw, "  %s\t%s\tsha256 %s\n", Show(f.Name), sizeOf(f.Size), Show(f.SHA256))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -96,9 +96,10 @@ func stdio(p Process) string {
 	return strings.Join(s, " ")
 }
 
-// show returns s as it is if it is plain (printable, no spaces, not
-// empty), else quoted.
-func show(s string) string {
+// Show returns s as it is if it is plain (printable, no spaces, not
+// empty), else quoted: manifests are read back, and a hand-edited one
+// must not drive the terminal of whoever looks at it.
+func Show(s string) string {
 	if s == "" {
 		return `""`
 	}
@@ -110,14 +111,14 @@ func show(s string) string {
 	return s
 }
 
-// showList shows each element of l, "none" if there are none.
-func showList(l []string) string {
+// ShowList shows each element of l, "none" if there are none.
+func ShowList(l []string) string {
 	if len(l) == 0 {
 		return "none"
 	}
 	s := make([]string, len(l))
 	for i, e := range l {
-		s[i] = show(e)
+		s[i] = Show(e)
 	}
 	return strings.Join(s, " ")
 }
