@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cocoonrt/cocoon/integration/harness"
 	"github.com/cocoonrt/cocoon/runtime/image"
 	"github.com/cocoonrt/cocoon/runtime/template"
 )
@@ -161,26 +162,9 @@ func TestTemplateStale(t *testing.T) {
 	}
 
 	// Required, and no template of the shape: refused, nothing left.
-	out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, "--annotation", "io.cocoon.template=required", img, "req", "true")
-	if err == nil {
-		t.Fatalf("ctr run in required mode without a template of its shape succeeded: %q", out)
-	}
-	t.Logf("refused: %v", err)
-	m := requiredRefusal.FindStringSubmatch(err.Error())
-	if m == nil {
-		t.Fatalf("ctr run in required mode without a template: %v; want an error naming the mode, the shape's key and `cocoon template create`", err)
-	}
-	keyB := m[1]
+	keyB := assertRefused(t, c, stateDir, "run", "--rm", "--runtime", runtimeName, "--annotation", "io.cocoon.template=required", img, "req", "true")
 	if keyB == keyA {
 		t.Fatalf("the shape under another guest image has the key %s of the first image's", keyA)
-	}
-	if ls := c.MustCtr("container", "ls", "-q"); strings.TrimSpace(ls) != "" {
-		t.Errorf("containers left after the refused start: %q", ls)
-	}
-	c.WaitNoShim(t)
-	assertClean(t, stateDir)
-	if n := len(shimLog(c, msgMaking)); n != 0 {
-		t.Errorf("a start refused in required mode began %d background creations", n)
 	}
 
 	// Auto: the sandbox boots, and says why.
@@ -270,33 +254,17 @@ func TestTemplateRequiredMissing(t *testing.T) {
 			t.Setenv("COCOON_TEMPLATE", "required")
 			c, img, stateDir := shimContainerd(t, v)
 			removeAtEnd(t, c, "req")
-			out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, img, "req", "echo", "from-template")
-			if err == nil {
-				t.Fatalf("ctr run in required mode without a template succeeded: %q", out)
-			}
-			t.Logf("refused: %v", err)
-			m := requiredRefusal.FindStringSubmatch(err.Error())
-			if m == nil {
-				t.Fatalf("ctr run in required mode without a template: %v; want an error naming the mode, the shape's key and `cocoon template create`", err)
-			}
-			if ls := c.MustCtr("container", "ls", "-q"); strings.TrimSpace(ls) != "" {
-				t.Errorf("containers left after the refused start: %q", ls)
-			}
-			c.WaitNoShim(t)
-			assertClean(t, stateDir)
-			if n := len(shimLog(c, msgMaking)); n != 0 {
-				t.Errorf("a start refused in required mode began %d background creations", n)
-			}
+			key := assertRefused(t, c, stateDir, "run", "--rm", "--runtime", runtimeName, img, "req", "echo", "from-template")
 			if keys := keyDirs(t, stateDir); len(keys) != 0 {
 				t.Errorf("templates %v after a refused start", keys)
 			}
-			if key := createTemplate(t, c); key != m[1] {
-				t.Fatalf("cocoon template create made template %s; the refused start named %s", key, m[1])
+			if made := createTemplate(t, c); made != key {
+				t.Fatalf("cocoon template create made template %s; the refused start named %s", made, key)
 			}
 			if out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, img, "req", "echo", "from-template"); err != nil || out != "from-template\n" {
 				t.Fatalf("ctr run once the template was made: %q, %v", out, err)
 			}
-			assertFromTemplate(t, c, "req", m[1], "required")
+			assertFromTemplate(t, c, "req", key, "required")
 			leakAudit(t, c, filepath.Dir(stateDir))
 		})
 	}
@@ -406,4 +374,30 @@ func TestTemplateAutoOnce(t *testing.T) {
 	killAndRemove(t, c, ids...)
 	waitNoCreators(t, stateDir, time.Minute)
 	leakAudit(t, c, filepath.Dir(stateDir))
+}
+
+// assertRefused runs ctr with args, a run in required mode with no
+// template of its shape, and checks that it failed naming the mode, the
+// shape's key and `cocoon template create`, left no container, shim, VM
+// or state, and began no creation. It returns the key named.
+func assertRefused(t *testing.T, c *harness.Containerd, stateDir string, args ...string) string {
+	t.Helper()
+	out, err := c.Ctr(args...)
+	if err == nil {
+		t.Fatalf("ctr run in required mode without a template of its shape succeeded: %q", out)
+	}
+	t.Logf("refused: %v", err)
+	m := requiredRefusal.FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("ctr run in required mode without a template: %v; want an error naming the mode, the shape's key and `cocoon template create`", err)
+	}
+	if ls := c.MustCtr("container", "ls", "-q"); strings.TrimSpace(ls) != "" {
+		t.Errorf("containers left after the refused start: %q", ls)
+	}
+	c.WaitNoShim(t)
+	assertClean(t, stateDir)
+	if n := len(shimLog(c, msgMaking)); n != 0 {
+		t.Errorf("a start refused in required mode began %d background creations", n)
+	}
+	return m[1]
 }
