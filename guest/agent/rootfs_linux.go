@@ -36,6 +36,10 @@ const (
 	diskRescanAfter = time.Second
 )
 
+// devNodeWait bounds the wait for devtmpfs's node of a disk that sysfs
+// lists already.
+var devNodeWait = time.Second
+
 // DiskRootfs assembles container root filesystems from the disks the host
 // hot-plugged onto the guest's virtio-scsi controller: each read-only
 // layer is mounted on its own, the scratch disk holds the overlay's upper
@@ -357,9 +361,24 @@ func (d *DiskRootfs) device(ctx context.Context, dir string, disk *api.Disk) (no
 	if err != nil {
 		return "", "", err
 	}
+	// The disk is in sysfs a moment before devtmpfs has its node (the
+	// kernel's device_add makes the node last): wait for it. The node
+	// made below is a fallback for a /dev without it, and lives in the
+	// container's directory, whose file system (/run) may not allow
+	// device nodes to be opened: it must not be what a race falls to.
 	node = filepath.Join(d.DevDir, name)
-	if fi, err := os.Stat(node); err == nil && fi.Mode()&os.ModeDevice != 0 {
-		return node, name, nil
+	for waited := time.Duration(0); ; waited += diskPoll / 4 {
+		if fi, err := os.Stat(node); err == nil && fi.Mode()&os.ModeDevice != 0 {
+			return node, name, nil
+		}
+		if waited >= devNodeWait {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return "", "", fmt.Errorf("waiting for %s: %w", node, ctx.Err())
+		case <-time.After(diskPoll / 4):
+		}
 	}
 	devFile := filepath.Join(d.SysDir, "class", "block", name, "dev")
 	b, err := os.ReadFile(devFile)

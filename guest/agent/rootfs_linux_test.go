@@ -18,6 +18,10 @@ import (
 	"github.com/cocoonrt/cocoon/guest/api"
 )
 
+// The fake /dev of these tests never gets a node: the rootfs makes its
+// own at once instead of waiting for devtmpfs.
+func init() { devNodeWait = 0 }
+
 // fakeMounter records what DiskRootfs asks of the kernel.
 type fakeMounter struct {
 	mu    sync.Mutex // guards calls
