@@ -315,8 +315,10 @@ func TestTemplateWorksWithFeatures(t *testing.T) {
 	}
 
 	// Exec on a terminal. ctr sizes the terminal only once the process
-	// started: the script waits for that.
-	got, status := ttyExec(t, c, "feat", `tty; until s=$(stty size 2>/dev/null) && [ "$s" != "0 0" ]; do sleep 0.1; done; echo "size:$s"; `+
+	// started: the script waits for that, up to 10 s, for a size of two
+	// positive numbers (before it, stty may print "0 0" or nothing).
+	got, status := ttyExec(t, c, "feat", `tty; i=0; while [ $i -lt 100 ]; do s=$(stty size 2>/dev/null); `+
+		`case "$s" in [1-9]*" "[1-9]*) break;; esac; i=$((i+1)); sleep 0.1; done; echo "size:$s"; `+
 		`echo ready; read line; echo "got:$line"; exit 5`, "typed-in")
 	if status != 5 {
 		t.Errorf("ctr task exec -t: exit status %d, want 5", status)
