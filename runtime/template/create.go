@@ -139,11 +139,15 @@ func (s *Store) Create(ctx context.Context, shape Shape, o CreateOptions, build 
 	if err := writeJSON(filepath.Join(tmp, ManifestName), m); err != nil {
 		return nil, false, fmt.Errorf("template %s: manifest: %w", key, err)
 	}
-	// The stamp is written by the first verification of the template
-	// as it is on disk, before it is put in place.
+	// The files were hashed as they are on disk (synced, the VM gone):
+	// their status now is the stamp of that verification.
 	t := &Template{Dir: tmp, Manifest: m}
-	if err := t.Verify(true); err != nil {
+	now, err := t.statuses()
+	if err != nil {
 		return nil, false, err
+	}
+	if err := t.writeStamp(now); err != nil {
+		return nil, false, fmt.Errorf("template %s: stamp: %w", key, err)
 	}
 	final := filepath.Join(s.dir, key)
 	if _, err := os.Lstat(final); err == nil {

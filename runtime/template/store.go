@@ -181,7 +181,12 @@ func (t *Template) Verify(full bool) error {
 	if !equalStatuses(now, after) {
 		return t.stale("its files changed while they were verified")
 	}
-	return writeJSON(filepath.Join(t.Dir, stampName), stamp{Key: t.Manifest.Key, Files: now})
+	return t.writeStamp(now)
+}
+
+// writeStamp records files' status as that of their verified digests.
+func (t *Template) writeStamp(files []fileStatus) error {
+	return writeJSON(filepath.Join(t.Dir, stampName), stamp{Key: t.Manifest.Key, Files: files})
 }
 
 // Stamped says, without hashing, whether the template's files are as the

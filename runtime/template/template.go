@@ -97,11 +97,7 @@ func (s Shape) Key() string {
 }
 
 // Equal says whether two shapes are the same.
-func (s Shape) Equal(o Shape) bool {
-	return s.Driver == o.Driver && s.VMM == o.VMM && s.VMMID == o.VMMID && s.MachineType == o.MachineType &&
-		slices.Equal(s.Devices, o.Devices) && s.VCPUs == o.VCPUs && s.MemoryMiB == o.MemoryMiB &&
-		s.Accel == o.Accel && s.Channel == o.Channel && slices.Equal(s.KernelArgs, o.KernelArgs) && s.Guest == o.Guest
-}
+func (s Shape) Equal(o Shape) bool { return len(s.diff(o)) == 0 }
 
 // diff names the fields in which s differs from o, for the log line of a
 // stale template.
