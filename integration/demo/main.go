@@ -120,11 +120,7 @@ func startsFrom(env *admin.Env) (start, error) {
 	if env.Config.Template.Mode == config.TemplateNever {
 		return start{why: "template.mode is never"}, nil
 	}
-	o, err := env.DefaultOptions()
-	if err != nil {
-		return start{}, err
-	}
-	shape, err := sandbox.ShapeOf(o)
+	shape, err := env.CurrentShape()
 	if err != nil {
 		return start{why: err.Error()}, nil
 	}

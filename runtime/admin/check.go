@@ -15,7 +15,6 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
-	"github.com/cocoonrt/cocoon/runtime/sandbox"
 	"github.com/cocoonrt/cocoon/runtime/version"
 )
 
@@ -131,11 +130,7 @@ func (e *Env) templateStatus() string {
 	if mode == config.TemplateNever {
 		return "mode never: sandboxes boot"
 	}
-	o, err := e.DefaultOptions()
-	if err != nil {
-		return fmt.Sprintf("mode %s: %v", mode, err)
-	}
-	shape, err := sandbox.ShapeOf(o)
+	shape, err := e.CurrentShape()
 	if err != nil {
 		return fmt.Sprintf("mode %s: %v", mode, err)
 	}

@@ -490,10 +490,7 @@ func (e *Env) GCTemplates(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(w, "templates %s: kept, none removed: no guest image to tell the usable ones (%s)\n", dir, oneLine(err.Error(), 200))
 		return nil
 	}
-	mf := img.Manifest
-	cur := template.Current{Guest: checkpoint.GuestImage{
-		Version: mf.Kernel.Release, Kernel: "sha256:" + mf.Kernel.SHA256, Initrd: "sha256:" + mf.Initrd.SHA256,
-	}}
+	cur := template.Current{Guest: sandbox.GuestImageOf(img)}
 	// Plan needs no more of a spec for the VMM binary it names.
 	if p, err := qemu.New(qemu.Config{Binary: e.Config.Hypervisor.Path}).Plan(hypervisor.Spec{}); err != nil {
 		fmt.Fprintf(w, "templates %s: the VMM is unknown, templates of every VMM are kept (%s)\n", dir, oneLine(err.Error(), 200))

@@ -342,10 +342,10 @@ func (s *Sandbox) machine() checkpoint.Machine {
 }
 
 // guestImage names the guest image the sandbox runs.
-func (s *Sandbox) guestImage() checkpoint.GuestImage { return guestImageOf(s.image) }
+func (s *Sandbox) guestImage() checkpoint.GuestImage { return GuestImageOf(s.image) }
 
 // guestImageOf names a guest image by its files' digests.
-func guestImageOf(img *image.Image) checkpoint.GuestImage {
+func GuestImageOf(img *image.Image) checkpoint.GuestImage {
 	if img == nil {
 		return checkpoint.GuestImage{}
 	}

@@ -48,7 +48,7 @@ func ShapeOf(o Options) (template.Shape, error) {
 		VCPUs: p.spec.VCPUs, MemoryMiB: p.spec.MemoryMiB,
 		Accel: string(p.spec.Accel), Channel: string(p.spec.Channel),
 		KernelArgs: p.spec.KernelArgs,
-		Guest:      guestImageOf(o.Image),
+		Guest:      GuestImageOf(o.Image),
 	}, nil
 }
 
