@@ -111,6 +111,21 @@ func decodeBundleSpec(data []byte) (*bundleSpec, error) {
 	return s, nil
 }
 
+// mountDestinations are the destinations of the spec's mounts.
+func (s *bundleSpec) mountDestinations() ([]string, error) {
+	var mounts []struct {
+		Destination string `json:"destination"`
+	}
+	if err := rawObject(s.doc).get("mounts", &mounts); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.Destination)
+	}
+	return out, nil
+}
+
 // marshal encodes the spec with root.path set to root (readonly as the
 // host asked), and the decoded fields the agent may have changed.
 func (s *bundleSpec) marshal(root string) ([]byte, error) {
@@ -120,6 +135,11 @@ func (s *bundleSpec) marshal(root string) ([]byte, error) {
 	}
 	if err := top.set("ociVersion", s.Version); err != nil {
 		return nil, err
+	}
+	if s.process != nil {
+		if err := top.set("process", s.process); err != nil {
+			return nil, err
+		}
 	}
 	if s.linux != nil {
 		if err := s.linux.set("cgroupsPath", s.CgroupsPath); err != nil {

@@ -171,6 +171,8 @@ type container struct {
 	// freeze is the agent's, which ops that need the filesystems thawed
 	// enter.
 	freeze *fsFreeze
+	// userFiles is what the container sees of its user files.
+	userFiles userFiles
 
 	// mu guards the fields below.
 	mu    sync.Mutex
@@ -481,7 +483,7 @@ func (u *undoStack) run() {
 // CreateContainer assembles the container's rootfs, writes its bundle
 // and runs the runtime's `create`; the init process exists, stopped before its
 // entrypoint, when it returns.
-func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerRequest) (_ *api.StartProcessResponse, retErr error) {
+func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerRequest) (_ *api.CreateContainerResponse, retErr error) {
 	called := time.Now()
 	cs := s.containers
 	id := req.ContainerId
@@ -567,6 +569,23 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 			log.G(ctx).WithError(err).Warn("unmount rootfs")
 		}
 	})
+	files, err := userFilesOf(spec)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
+	resp := &api.CreateContainerResponse{}
+	var provisioned time.Duration
+	if req.ExecUser != nil {
+		began := time.Now()
+		if err := provisionAtCreate(ctx, id, files, root, req, resp); err != nil {
+			return nil, err
+		}
+		provisioned = time.Since(began)
+	}
+	// After the provisioning: the init's HOME is the user's.
+	if _, err := withHome(spec.process, root, files); err != nil {
+		return nil, fmt.Errorf("container %s: process: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
 	config, err := spec.marshal(root)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", id, err)
@@ -608,6 +627,8 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 		rootfs: mounted,
 		freeze: s.freeze,
 		state:  stateCreated,
+
+		userFiles: files,
 	}
 	p := &process{id: req.ProcessId, child: child, stdio: cio.pio, exited: make(chan struct{}), onExit: c.initExited, oomKills: c.oomKills}
 	c.init = p
@@ -621,10 +642,12 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	cs.byID[id] = c
 	cs.mu.Unlock()
 	log.G(ctx).WithField("pid", pid).WithField("process", req.ProcessId).
-		WithField("rootfs_ms", assembled.Milliseconds()).WithField("create_ms", ociCreate.Milliseconds()).
+		WithField("rootfs_ms", assembled.Milliseconds()).WithField("user_ms", provisioned.Milliseconds()).
+		WithField("create_ms", ociCreate.Milliseconds()).
 		WithField("total_ms", time.Since(called).Milliseconds()).WithField("pivot_root", !cs.oci.noPivot).
 		Info("container created")
-	return &api.StartProcessResponse{Pid: uint32(pid)}, nil
+	resp.Pid = uint32(pid)
+	return resp, nil
 }
 
 // StartContainer runs the runtime's `start`.
@@ -710,7 +733,11 @@ func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) 
 	pidFile := filepath.Join(c.dir, "exec-"+req.ProcessId+".pid")
 	defer os.Remove(processFile)
 	defer os.Remove(pidFile)
-	if err := os.WriteFile(processFile, req.Process, 0o600); err != nil {
+	procJSON, err := processWithHome(req.Process, c)
+	if err != nil {
+		return nil, fmt.Errorf("process %s: %w: %v", req.ProcessId, errdefs.ErrInvalidArgument, err)
+	}
+	if err := os.WriteFile(processFile, procJSON, 0o600); err != nil {
 		return nil, fmt.Errorf("process %s: %w", req.ProcessId, err)
 	}
 	adoption := s.cfg.Reaper.Expect()

@@ -74,7 +74,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12, 0}
+	return file_agent_proto_rawDescGZIP(), []int{16, 0}
 }
 
 type ContainerRequest struct {
@@ -393,11 +393,18 @@ type CreateContainerRequest struct {
 	// stdio streams the host opens for the init process, as in
 	// StartProcessRequest. With a terminal (process.terminal in the spec)
 	// output arrives on stdout.
-	Stdin         bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	Stdout        bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stdin  bool `protobuf:"varint,5,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdout bool `protobuf:"varint,6,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr bool `protobuf:"varint,7,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	// exec_user, if set, is provisioned before the runtime's create, within
+	// exec_user_timeout_ns (0: the call's deadline alone). When it fails
+	// the create goes on, the error in CreateContainerResponse, unless
+	// exec_user_required: then the create fails and leaves nothing.
+	ExecUser          *ExecUser `protobuf:"bytes,8,opt,name=exec_user,json=execUser,proto3" json:"exec_user,omitempty"`
+	ExecUserTimeoutNs uint64    `protobuf:"varint,9,opt,name=exec_user_timeout_ns,json=execUserTimeoutNs,proto3" json:"exec_user_timeout_ns,omitempty"`
+	ExecUserRequired  bool      `protobuf:"varint,10,opt,name=exec_user_required,json=execUserRequired,proto3" json:"exec_user_required,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CreateContainerRequest) Reset() {
@@ -479,6 +486,354 @@ func (x *CreateContainerRequest) GetStderr() bool {
 	return false
 }
 
+func (x *CreateContainerRequest) GetExecUser() *ExecUser {
+	if x != nil {
+		return x.ExecUser
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetExecUserTimeoutNs() uint64 {
+	if x != nil {
+		return x.ExecUserTimeoutNs
+	}
+	return 0
+}
+
+func (x *CreateContainerRequest) GetExecUserRequired() bool {
+	if x != nil {
+		return x.ExecUserRequired
+	}
+	return false
+}
+
+type CreateContainerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pid of the init in the guest.
+	Pid uint32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// exec_user is what the provisioning did, when asked and it worked.
+	ExecUser *ExecUserReport `protobuf:"bytes,2,opt,name=exec_user,json=execUser,proto3" json:"exec_user,omitempty"`
+	// exec_user_error is why it failed, when asked and not required.
+	ExecUserError string `protobuf:"bytes,3,opt,name=exec_user_error,json=execUserError,proto3" json:"exec_user_error,omitempty"`
+	// exec_user_retry says whether trying again may help (false for a
+	// conflict with the image's own entries or a read-only root).
+	ExecUserRetry bool `protobuf:"varint,4,opt,name=exec_user_retry,json=execUserRetry,proto3" json:"exec_user_retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContainerResponse) Reset() {
+	*x = CreateContainerResponse{}
+	mi := &file_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContainerResponse) ProtoMessage() {}
+
+func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
+func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CreateContainerResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *CreateContainerResponse) GetExecUser() *ExecUserReport {
+	if x != nil {
+		return x.ExecUser
+	}
+	return nil
+}
+
+func (x *CreateContainerResponse) GetExecUserError() string {
+	if x != nil {
+		return x.ExecUserError
+	}
+	return ""
+}
+
+func (x *CreateContainerResponse) GetExecUserRetry() bool {
+	if x != nil {
+		return x.ExecUserRetry
+	}
+	return false
+}
+
+// ExecUser is a user to provision in a container's root filesystem.
+type ExecUser struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Uid   uint32                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid   uint32                 `protobuf:"varint,3,opt,name=gid,proto3" json:"gid,omitempty"`
+	// home and shell are absolute paths.
+	Home  string `protobuf:"bytes,4,opt,name=home,proto3" json:"home,omitempty"`
+	Shell string `protobuf:"bytes,5,opt,name=shell,proto3" json:"shell,omitempty"`
+	// sudo writes a sudoers drop-in (NOPASSWD) when the image has sudo;
+	// false removes one an earlier provisioning wrote.
+	Sudo          bool `protobuf:"varint,6,opt,name=sudo,proto3" json:"sudo,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecUser) Reset() {
+	*x = ExecUser{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecUser) ProtoMessage() {}
+
+func (x *ExecUser) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecUser.ProtoReflect.Descriptor instead.
+func (*ExecUser) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ExecUser) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ExecUser) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ExecUser) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *ExecUser) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+func (x *ExecUser) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *ExecUser) GetSudo() bool {
+	if x != nil {
+		return x.Sudo
+	}
+	return false
+}
+
+type ProvisionUserRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	User          *ExecUser              `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProvisionUserRequest) Reset() {
+	*x = ProvisionUserRequest{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProvisionUserRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProvisionUserRequest) ProtoMessage() {}
+
+func (x *ProvisionUserRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProvisionUserRequest.ProtoReflect.Descriptor instead.
+func (*ProvisionUserRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ProvisionUserRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ProvisionUserRequest) GetUser() *ExecUser {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+// ExecUserReport is what a provisioning did with each item (created,
+// existed, absent, written, removed, no-sudo, off) and what a fresh lookup
+// by name and by uid found afterwards.
+type ExecUserReport struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Passwd string                 `protobuf:"bytes,1,opt,name=passwd,proto3" json:"passwd,omitempty"`
+	Group  string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Shadow string                 `protobuf:"bytes,3,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Home   string                 `protobuf:"bytes,4,opt,name=home,proto3" json:"home,omitempty"`
+	Sudo   string                 `protobuf:"bytes,5,opt,name=sudo,proto3" json:"sudo,omitempty"`
+	// by_name and by_uid are passwd lines (name:x:uid:gid::home:shell),
+	// empty when the lookup found nothing.
+	ByName string   `protobuf:"bytes,6,opt,name=by_name,json=byName,proto3" json:"by_name,omitempty"`
+	ByUid  string   `protobuf:"bytes,7,opt,name=by_uid,json=byUid,proto3" json:"by_uid,omitempty"`
+	Notes  []string `protobuf:"bytes,8,rep,name=notes,proto3" json:"notes,omitempty"`
+	// took_ns is how long the provisioning took in the guest.
+	TookNs        uint64 `protobuf:"varint,9,opt,name=took_ns,json=tookNs,proto3" json:"took_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecUserReport) Reset() {
+	*x = ExecUserReport{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecUserReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecUserReport) ProtoMessage() {}
+
+func (x *ExecUserReport) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecUserReport.ProtoReflect.Descriptor instead.
+func (*ExecUserReport) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ExecUserReport) GetPasswd() string {
+	if x != nil {
+		return x.Passwd
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetShadow() string {
+	if x != nil {
+		return x.Shadow
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetSudo() string {
+	if x != nil {
+		return x.Sudo
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetByName() string {
+	if x != nil {
+		return x.ByName
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetByUid() string {
+	if x != nil {
+		return x.ByUid
+	}
+	return ""
+}
+
+func (x *ExecUserReport) GetNotes() []string {
+	if x != nil {
+		return x.Notes
+	}
+	return nil
+}
+
+func (x *ExecUserReport) GetTookNs() uint64 {
+	if x != nil {
+		return x.TookNs
+	}
+	return 0
+}
+
 type ExecProcessRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -494,7 +849,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +861,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +874,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -575,7 +930,7 @@ type KillContainerRequest struct {
 
 func (x *KillContainerRequest) Reset() {
 	*x = KillContainerRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +942,7 @@ func (x *KillContainerRequest) String() string {
 func (*KillContainerRequest) ProtoMessage() {}
 
 func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +955,7 @@ func (x *KillContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillContainerRequest.ProtoReflect.Descriptor instead.
 func (*KillContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KillContainerRequest) GetContainerId() string {
@@ -635,7 +990,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +1002,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +1015,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -688,7 +1043,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +1055,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +1068,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ContainerStatsResponse) GetMetrics() []byte {
@@ -732,7 +1087,7 @@ type ContainerPidsResponse struct {
 
 func (x *ContainerPidsResponse) Reset() {
 	*x = ContainerPidsResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +1099,7 @@ func (x *ContainerPidsResponse) String() string {
 func (*ContainerPidsResponse) ProtoMessage() {}
 
 func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +1112,7 @@ func (x *ContainerPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPidsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerPidsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ContainerPidsResponse) GetPids() []uint32 {
@@ -775,7 +1130,7 @@ type NextEventRequest struct {
 
 func (x *NextEventRequest) Reset() {
 	*x = NextEventRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +1142,7 @@ func (x *NextEventRequest) String() string {
 func (*NextEventRequest) ProtoMessage() {}
 
 func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +1155,7 @@ func (x *NextEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextEventRequest.ProtoReflect.Descriptor instead.
 func (*NextEventRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type Event struct {
@@ -817,7 +1172,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +1184,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1197,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -874,7 +1229,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +1241,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1254,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type PingRequest struct {
@@ -910,7 +1265,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1277,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1290,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type PingResponse struct {
@@ -954,7 +1309,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1321,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1334,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PingResponse) GetVersion() string {
@@ -1024,7 +1379,7 @@ type SyncGuestRequest struct {
 
 func (x *SyncGuestRequest) Reset() {
 	*x = SyncGuestRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1391,7 @@ func (x *SyncGuestRequest) String() string {
 func (*SyncGuestRequest) ProtoMessage() {}
 
 func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1404,7 @@ func (x *SyncGuestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestRequest.ProtoReflect.Descriptor instead.
 func (*SyncGuestRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SyncGuestRequest) GetWallTimeUnixNs() int64 {
@@ -1085,7 +1440,7 @@ type SyncGuestResponse struct {
 
 func (x *SyncGuestResponse) Reset() {
 	*x = SyncGuestResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1452,7 @@ func (x *SyncGuestResponse) String() string {
 func (*SyncGuestResponse) ProtoMessage() {}
 
 func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1465,7 @@ func (x *SyncGuestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGuestResponse.ProtoReflect.Descriptor instead.
 func (*SyncGuestResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SyncGuestResponse) GetGuest() *PingResponse {
@@ -1151,7 +1506,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1518,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1531,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartProcessRequest) GetId() string {
@@ -1273,7 +1628,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1640,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1653,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -1317,7 +1672,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1684,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1697,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WaitProcessRequest) GetId() string {
@@ -1371,7 +1726,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1738,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1751,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -1439,7 +1794,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1806,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1819,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SignalProcessRequest) GetId() string {
@@ -1497,7 +1852,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1864,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1877,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CloseStdinRequest) GetId() string {
@@ -1546,7 +1901,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1913,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1926,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AttachProcessRequest) GetId() string {
@@ -1612,7 +1967,7 @@ type FreezeFilesystemsResponse struct {
 
 func (x *FreezeFilesystemsResponse) Reset() {
 	*x = FreezeFilesystemsResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1979,7 @@ func (x *FreezeFilesystemsResponse) String() string {
 func (*FreezeFilesystemsResponse) ProtoMessage() {}
 
 func (x *FreezeFilesystemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1992,7 @@ func (x *FreezeFilesystemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeFilesystemsResponse.ProtoReflect.Descriptor instead.
 func (*FreezeFilesystemsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FreezeFilesystemsResponse) GetFrozen() uint32 {
@@ -1658,7 +2013,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +2025,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +2038,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResizePtyRequest) GetId() string {
@@ -1715,7 +2070,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +2082,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +2095,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1765,7 +2120,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tread_only\x18\x04 \x01(\bR\breadOnly\"h\n" +
 	"\x06Rootfs\x12-\n" +
 	"\x06layers\x18\x01 \x03(\v2\x15.cocoon.agent.v1.DiskR\x06layers\x12/\n" +
-	"\ascratch\x18\x02 \x01(\v2\x15.cocoon.agent.v1.DiskR\ascratch\"\xe5\x01\n" +
+	"\ascratch\x18\x02 \x01(\v2\x15.cocoon.agent.v1.DiskR\ascratch\"\xfc\x02\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1d\n" +
 	"\n" +
@@ -1774,7 +2129,36 @@ const file_agent_proto_rawDesc = "" +
 	"\x06rootfs\x18\x04 \x01(\v2\x17.cocoon.agent.v1.RootfsR\x06rootfs\x12\x14\n" +
 	"\x05stdin\x18\x05 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x06 \x01(\bR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\a \x01(\bR\x06stderr\"\xb6\x01\n" +
+	"\x06stderr\x18\a \x01(\bR\x06stderr\x126\n" +
+	"\texec_user\x18\b \x01(\v2\x19.cocoon.agent.v1.ExecUserR\bexecUser\x12/\n" +
+	"\x14exec_user_timeout_ns\x18\t \x01(\x04R\x11execUserTimeoutNs\x12,\n" +
+	"\x12exec_user_required\x18\n" +
+	" \x01(\bR\x10execUserRequired\"\xb9\x01\n" +
+	"\x17CreateContainerResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\x12<\n" +
+	"\texec_user\x18\x02 \x01(\v2\x1f.cocoon.agent.v1.ExecUserReportR\bexecUser\x12&\n" +
+	"\x0fexec_user_error\x18\x03 \x01(\tR\rexecUserError\x12&\n" +
+	"\x0fexec_user_retry\x18\x04 \x01(\bR\rexecUserRetry\"\x80\x01\n" +
+	"\bExecUser\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x03 \x01(\rR\x03gid\x12\x12\n" +
+	"\x04home\x18\x04 \x01(\tR\x04home\x12\x14\n" +
+	"\x05shell\x18\x05 \x01(\tR\x05shell\x12\x12\n" +
+	"\x04sudo\x18\x06 \x01(\bR\x04sudo\"h\n" +
+	"\x14ProvisionUserRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12-\n" +
+	"\x04user\x18\x02 \x01(\v2\x19.cocoon.agent.v1.ExecUserR\x04user\"\xdd\x01\n" +
+	"\x0eExecUserReport\x12\x16\n" +
+	"\x06passwd\x18\x01 \x01(\tR\x06passwd\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x16\n" +
+	"\x06shadow\x18\x03 \x01(\tR\x06shadow\x12\x12\n" +
+	"\x04home\x18\x04 \x01(\tR\x04home\x12\x12\n" +
+	"\x04sudo\x18\x05 \x01(\tR\x04sudo\x12\x17\n" +
+	"\aby_name\x18\x06 \x01(\tR\x06byName\x12\x15\n" +
+	"\x06by_uid\x18\a \x01(\tR\x05byUid\x12\x14\n" +
+	"\x05notes\x18\b \x03(\tR\x05notes\x12\x17\n" +
+	"\atook_ns\x18\t \x01(\x04R\x06tookNs\"\xb6\x01\n" +
 	"\x12ExecProcessRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1d\n" +
 	"\n" +
@@ -1856,7 +2240,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\xee\x0e\n" +
+	"\x0fShutdownRequest2\xca\x0f\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -1869,9 +2253,10 @@ const file_agent_proto_rawDesc = "" +
 	"\rAttachProcess\x12%.cocoon.agent.v1.AttachProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12D\n" +
 	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\x11FreezeFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a*.cocoon.agent.v1.FreezeFilesystemsResponse\x12A\n" +
-	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12a\n" +
-	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12K\n" +
-	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12Y\n" +
+	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12d\n" +
+	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a(.cocoon.agent.v1.CreateContainerResponse\x12K\n" +
+	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
+	"\rProvisionUser\x12%.cocoon.agent.v1.ProvisionUserRequest\x1a\x1f.cocoon.agent.v1.ExecUserReport\x12Y\n" +
 	"\vExecProcess\x12#.cocoon.agent.v1.ExecProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12N\n" +
 	"\rKillContainer\x12%.cocoon.agent.v1.KillContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12L\n" +
 	"\x0fDeleteContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12X\n" +
@@ -1896,7 +2281,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                   // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),          // 1: cocoon.agent.v1.ContainerRequest
@@ -1905,86 +2290,95 @@ var file_agent_proto_goTypes = []any{
 	(*Disk)(nil),                      // 4: cocoon.agent.v1.Disk
 	(*Rootfs)(nil),                    // 5: cocoon.agent.v1.Rootfs
 	(*CreateContainerRequest)(nil),    // 6: cocoon.agent.v1.CreateContainerRequest
-	(*ExecProcessRequest)(nil),        // 7: cocoon.agent.v1.ExecProcessRequest
-	(*KillContainerRequest)(nil),      // 8: cocoon.agent.v1.KillContainerRequest
-	(*UpdateContainerRequest)(nil),    // 9: cocoon.agent.v1.UpdateContainerRequest
-	(*ContainerStatsResponse)(nil),    // 10: cocoon.agent.v1.ContainerStatsResponse
-	(*ContainerPidsResponse)(nil),     // 11: cocoon.agent.v1.ContainerPidsResponse
-	(*NextEventRequest)(nil),          // 12: cocoon.agent.v1.NextEventRequest
-	(*Event)(nil),                     // 13: cocoon.agent.v1.Event
-	(*Empty)(nil),                     // 14: cocoon.agent.v1.Empty
-	(*PingRequest)(nil),               // 15: cocoon.agent.v1.PingRequest
-	(*PingResponse)(nil),              // 16: cocoon.agent.v1.PingResponse
-	(*SyncGuestRequest)(nil),          // 17: cocoon.agent.v1.SyncGuestRequest
-	(*SyncGuestResponse)(nil),         // 18: cocoon.agent.v1.SyncGuestResponse
-	(*StartProcessRequest)(nil),       // 19: cocoon.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),      // 20: cocoon.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),        // 21: cocoon.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),       // 22: cocoon.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),      // 23: cocoon.agent.v1.SignalProcessRequest
-	(*CloseStdinRequest)(nil),         // 24: cocoon.agent.v1.CloseStdinRequest
-	(*AttachProcessRequest)(nil),      // 25: cocoon.agent.v1.AttachProcessRequest
-	(*FreezeFilesystemsResponse)(nil), // 26: cocoon.agent.v1.FreezeFilesystemsResponse
-	(*ResizePtyRequest)(nil),          // 27: cocoon.agent.v1.ResizePtyRequest
-	(*ShutdownRequest)(nil),           // 28: cocoon.agent.v1.ShutdownRequest
+	(*CreateContainerResponse)(nil),   // 7: cocoon.agent.v1.CreateContainerResponse
+	(*ExecUser)(nil),                  // 8: cocoon.agent.v1.ExecUser
+	(*ProvisionUserRequest)(nil),      // 9: cocoon.agent.v1.ProvisionUserRequest
+	(*ExecUserReport)(nil),            // 10: cocoon.agent.v1.ExecUserReport
+	(*ExecProcessRequest)(nil),        // 11: cocoon.agent.v1.ExecProcessRequest
+	(*KillContainerRequest)(nil),      // 12: cocoon.agent.v1.KillContainerRequest
+	(*UpdateContainerRequest)(nil),    // 13: cocoon.agent.v1.UpdateContainerRequest
+	(*ContainerStatsResponse)(nil),    // 14: cocoon.agent.v1.ContainerStatsResponse
+	(*ContainerPidsResponse)(nil),     // 15: cocoon.agent.v1.ContainerPidsResponse
+	(*NextEventRequest)(nil),          // 16: cocoon.agent.v1.NextEventRequest
+	(*Event)(nil),                     // 17: cocoon.agent.v1.Event
+	(*Empty)(nil),                     // 18: cocoon.agent.v1.Empty
+	(*PingRequest)(nil),               // 19: cocoon.agent.v1.PingRequest
+	(*PingResponse)(nil),              // 20: cocoon.agent.v1.PingResponse
+	(*SyncGuestRequest)(nil),          // 21: cocoon.agent.v1.SyncGuestRequest
+	(*SyncGuestResponse)(nil),         // 22: cocoon.agent.v1.SyncGuestResponse
+	(*StartProcessRequest)(nil),       // 23: cocoon.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),      // 24: cocoon.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),        // 25: cocoon.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),       // 26: cocoon.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),      // 27: cocoon.agent.v1.SignalProcessRequest
+	(*CloseStdinRequest)(nil),         // 28: cocoon.agent.v1.CloseStdinRequest
+	(*AttachProcessRequest)(nil),      // 29: cocoon.agent.v1.AttachProcessRequest
+	(*FreezeFilesystemsResponse)(nil), // 30: cocoon.agent.v1.FreezeFilesystemsResponse
+	(*ResizePtyRequest)(nil),          // 31: cocoon.agent.v1.ResizePtyRequest
+	(*ShutdownRequest)(nil),           // 32: cocoon.agent.v1.ShutdownRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
 	4,  // 1: cocoon.agent.v1.Rootfs.scratch:type_name -> cocoon.agent.v1.Disk
 	5,  // 2: cocoon.agent.v1.CreateContainerRequest.rootfs:type_name -> cocoon.agent.v1.Rootfs
-	0,  // 3: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
-	16, // 4: cocoon.agent.v1.SyncGuestResponse.guest:type_name -> cocoon.agent.v1.PingResponse
-	15, // 5: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	17, // 6: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	19, // 7: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	21, // 8: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	23, // 9: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	24, // 10: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	27, // 11: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	25, // 12: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
-	28, // 13: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	14, // 14: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
-	14, // 15: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
-	6,  // 16: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 17: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	7,  // 18: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	8,  // 19: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 20: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 21: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 22: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 23: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 24: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 25: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 26: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	12, // 27: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	16, // 28: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	18, // 29: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	20, // 30: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	22, // 31: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	14, // 32: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	14, // 33: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	14, // 34: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	20, // 35: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 36: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	26, // 37: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
-	14, // 38: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
-	20, // 39: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 40: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	20, // 41: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	14, // 42: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 43: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 44: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	14, // 45: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 46: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 47: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 48: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	11, // 49: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	13, // 50: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	28, // [28:51] is the sub-list for method output_type
-	5,  // [5:28] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	8,  // 3: cocoon.agent.v1.CreateContainerRequest.exec_user:type_name -> cocoon.agent.v1.ExecUser
+	10, // 4: cocoon.agent.v1.CreateContainerResponse.exec_user:type_name -> cocoon.agent.v1.ExecUserReport
+	8,  // 5: cocoon.agent.v1.ProvisionUserRequest.user:type_name -> cocoon.agent.v1.ExecUser
+	0,  // 6: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
+	20, // 7: cocoon.agent.v1.SyncGuestResponse.guest:type_name -> cocoon.agent.v1.PingResponse
+	19, // 8: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	21, // 9: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	23, // 10: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	25, // 11: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	27, // 12: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	28, // 13: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	31, // 14: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	29, // 15: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
+	32, // 16: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	18, // 17: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
+	18, // 18: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
+	6,  // 19: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 20: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 21: cocoon.agent.v1.Agent.ProvisionUser:input_type -> cocoon.agent.v1.ProvisionUserRequest
+	11, // 22: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	12, // 23: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 24: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 25: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 26: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 27: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	13, // 28: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 29: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 30: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	16, // 31: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	20, // 32: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	22, // 33: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	24, // 34: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	26, // 35: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	18, // 36: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	18, // 37: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	18, // 38: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	24, // 39: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 40: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	30, // 41: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	18, // 42: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	7,  // 43: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.CreateContainerResponse
+	18, // 44: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 45: cocoon.agent.v1.Agent.ProvisionUser:output_type -> cocoon.agent.v1.ExecUserReport
+	24, // 46: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 47: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 48: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 49: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	18, // 50: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 51: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 52: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 53: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	15, // 54: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	17, // 55: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	32, // [32:56] is the sub-list for method output_type
+	8,  // [8:32] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1998,7 +2392,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,9 @@ type AgentService interface {
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
 	FreezeFilesystems(context.Context, *Empty) (*FreezeFilesystemsResponse, error)
 	ThawFilesystems(context.Context, *Empty) (*Empty, error)
-	CreateContainer(context.Context, *CreateContainerRequest) (*StartProcessResponse, error)
+	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
 	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
+	ProvisionUser(context.Context, *ProvisionUserRequest) (*ExecUserReport, error)
 	ExecProcess(context.Context, *ExecProcessRequest) (*StartProcessResponse, error)
 	KillContainer(context.Context, *KillContainerRequest) (*Empty, error)
 	DeleteContainer(context.Context, *ContainerRequest) (*Empty, error)
@@ -126,6 +127,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.StartContainer(ctx, &req)
+			},
+			"ProvisionUser": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ProvisionUserRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ProvisionUser(ctx, &req)
 			},
 			"ExecProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ExecProcessRequest
@@ -299,8 +307,8 @@ func (c *agentClient) ThawFilesystems(ctx context.Context, req *Empty) (*Empty, 
 	return &resp, nil
 }
 
-func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*StartProcessResponse, error) {
-	var resp StartProcessResponse
+func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*CreateContainerResponse, error) {
+	var resp CreateContainerResponse
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "CreateContainer", req, &resp); err != nil {
 		return nil, err
 	}
@@ -310,6 +318,14 @@ func (c *agentClient) CreateContainer(ctx context.Context, req *CreateContainerR
 func (c *agentClient) StartContainer(ctx context.Context, req *ContainerRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "StartContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ProvisionUser(ctx context.Context, req *ProvisionUserRequest) (*ExecUserReport, error) {
+	var resp ExecUserReport
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ProvisionUser", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
