@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -109,6 +110,14 @@ func toDisk(d Disk) *api.Disk {
 // init: Wait, Signal, Resize and CloseStdin work on it; it runs its
 // entrypoint once StartContainer is called.
 func (c *Client) CreateContainer(ctx context.Context, spec ContainerCreate) (*Process, error) {
+	p, _, err := c.CreateContainerWithUser(ctx, spec, nil)
+	return p, err
+}
+
+// CreateContainerWithUser is CreateContainer that, with u set, has the
+// agent provision u in the assembled root filesystem before the runtime's
+// create (so the init's HOME comes from it), and says how that went.
+func (c *Client) CreateContainerWithUser(ctx context.Context, spec ContainerCreate, u *UserProvision) (*Process, UserOutcome, error) {
 	req := &api.CreateContainerRequest{
 		ContainerId: spec.ID,
 		ProcessId:   spec.ProcessID,
@@ -124,14 +133,45 @@ func (c *Client) CreateContainer(ctx context.Context, spec ContainerCreate) (*Pr
 	if s := spec.Rootfs.Scratch; s != nil {
 		req.Rootfs.Scratch = toDisk(*s)
 	}
+	if u != nil {
+		req.ExecUser = toAPIUser(u.ExecUser)
+		req.ExecUserTimeoutNs = uint64(max(u.Timeout, 0))
+		req.ExecUserRequired = u.Required
+	}
+	var out UserOutcome
 	op := fmt.Sprintf("create container %s", spec.ID)
-	return c.startWithStdio(ctx, op, spec.ProcessID, spec.Stdin, spec.Stdout, spec.Stderr, func(ctx context.Context) (uint32, error) {
+	p, err := c.startWithStdio(ctx, op, spec.ProcessID, spec.Stdin, spec.Stdout, spec.Stderr, func(ctx context.Context) (uint32, error) {
 		resp, err := c.agent.CreateContainer(ctx, req)
 		if err != nil {
 			return 0, err
 		}
+		if u != nil {
+			out = userOutcome(u, resp)
+		}
 		return resp.Pid, nil
 	})
+	if err == nil && u != nil && u.Required && out.Err != nil {
+		// The guest created the container although the provisioning it
+		// had to do failed its check: the caller undoes the create,
+		// which ends the init and its streams.
+		return nil, out, fmt.Errorf("%s: exec user %s: %w", op, u.User.Name, out.Err)
+	}
+	return p, out, err
+}
+
+// userOutcome reads the provisioning part of a CreateContainer answer.
+func userOutcome(u *UserProvision, resp *api.CreateContainerResponse) UserOutcome {
+	if msg := resp.ExecUserError; msg != "" {
+		if len(msg) > maxGuestMessage {
+			msg = strings.ToValidUTF8(msg[:maxGuestMessage], "") + " [truncated]"
+		}
+		return UserOutcome{Err: fmt.Errorf("%s", msg), Retry: resp.ExecUserRetry}
+	}
+	r := userReport(resp.ExecUser)
+	if err := CheckUserReport(u.User, r); err != nil {
+		return UserOutcome{Err: err, Retry: true}
+	}
+	return UserOutcome{Report: &r}
 }
 
 // ExecProcess opens the process's stdio streams and runs it in the
