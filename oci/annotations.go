@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/cocoonrt/cocoon/guest/execuser"
 	"github.com/cocoonrt/cocoon/runtime/config"
 )
 
@@ -31,7 +32,63 @@ const (
 	// AnnotationTemplate sets the template mode of the sandbox: auto,
 	// never or required.
 	AnnotationTemplate = AnnotationPrefix + "template"
+	// AnnotationExecUser is the container's exec user,
+	// name:uid:gid[:home[:shell]]; empty turns it off.
+	AnnotationExecUser = AnnotationPrefix + "exec-user"
+	// AnnotationExecUserSudo ("true"/"false") gives the exec user sudo.
+	AnnotationExecUserSudo = AnnotationPrefix + "exec-user.sudo"
+	// AnnotationExecUserRequired ("true"/"false") fails the create when
+	// the exec user cannot be provisioned.
+	AnnotationExecUserRequired = AnnotationPrefix + "exec-user.required"
 )
+
+// criContainerType is the annotation with which containerd's CRI marks a
+// pod's sandbox (pause) container.
+const criContainerType = "io.kubernetes.cri.container-type"
+
+// ExecUserFor is the exec user configuration of a container: base (the
+// sandbox's) with the container's own io.cocoon.exec-user* annotations
+// over it. A pod's sandbox container, which runs only the pause process,
+// gets none.
+func ExecUserFor(base config.ExecUser, annotations map[string]string) (config.ExecUser, error) {
+	cfg := base
+	for _, k := range []string{AnnotationExecUser, AnnotationExecUserSudo, AnnotationExecUserRequired} {
+		if v, ok := annotations[k]; ok {
+			if err := applyExecUser(&cfg, k, v); err != nil {
+				return base, fmt.Errorf("annotation %s=%q: %w: %v", k, v, errdefs.ErrInvalidArgument, err)
+			}
+		}
+	}
+	if annotations[criContainerType] == "sandbox" {
+		cfg.User = ""
+	}
+	return cfg, nil
+}
+
+// applyExecUser sets the field of cfg that annotation k names.
+func applyExecUser(cfg *config.ExecUser, k, v string) error {
+	var err error
+	switch k {
+	case AnnotationExecUser:
+		if v != "" {
+			_, err = execuser.Parse(v)
+		}
+		cfg.User = v
+	case AnnotationExecUserSudo:
+		cfg.Sudo, err = parseBool(v)
+	case AnnotationExecUserRequired:
+		cfg.Required, err = parseBool(v)
+	}
+	return err
+}
+
+func parseBool(v string) (bool, error) {
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return false, fmt.Errorf("want true or false")
+	}
+	return b, nil
+}
 
 // AllowOtherNamespace reads AnnotationAllowOtherNamespace: false when
 // absent, an error naming the annotation when it is not a boolean.
@@ -73,6 +130,8 @@ func ApplyAnnotations(cfg config.Config, annotations map[string]string) (config.
 			default:
 				err = fmt.Errorf("want auto, never or required")
 			}
+		case AnnotationExecUser, AnnotationExecUserSudo, AnnotationExecUserRequired:
+			err = applyExecUser(&cfg.ExecUser, k, v)
 		case AnnotationAllowOtherNamespace:
 			if _, perr := AllowOtherNamespace(annotations); perr != nil {
 				return cfg, perr

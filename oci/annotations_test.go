@@ -65,3 +65,55 @@ func TestAllowOtherNamespace(t *testing.T) {
 		}
 	}
 }
+
+func TestExecUserAnnotations(t *testing.T) {
+	base := config.Default().ExecUser
+	base.User = "ops:5000:5000"
+	cases := []struct {
+		name     string
+		in       map[string]string
+		user     string
+		sudo     bool
+		required bool
+		wantErr  string
+	}{
+		{name: "the sandbox's", in: nil, user: "ops:5000:5000"},
+		{name: "the container's over it", in: map[string]string{AnnotationExecUser: "dev:4242:4242::/bin/bash", AnnotationExecUserSudo: "true", AnnotationExecUserRequired: "1"},
+			user: "dev:4242:4242::/bin/bash", sudo: true, required: true},
+		{name: "empty turns it off", in: map[string]string{AnnotationExecUser: ""}, user: ""},
+		{name: "a pod's sandbox container has none", in: map[string]string{criContainerType: "sandbox"}, user: ""},
+		{name: "a pod's app container has it", in: map[string]string{criContainerType: "container"}, user: "ops:5000:5000"},
+		{name: "not a number", in: map[string]string{AnnotationExecUser: "dev:x:4242"}, wantErr: `uid "x"`},
+		{name: "leading dash", in: map[string]string{AnnotationExecUser: "-dev:4242:4242"}, wantErr: AnnotationExecUser},
+		{name: "relative home", in: map[string]string{AnnotationExecUser: "dev:4242:4242:home/dev"}, wantErr: "home"},
+		{name: "uid 0 not root", in: map[string]string{AnnotationExecUser: "dev:0:0"}, wantErr: "root"},
+		{name: "sudo not a boolean", in: map[string]string{AnnotationExecUserSudo: "yes please"}, wantErr: AnnotationExecUserSudo},
+		{name: "required not a boolean", in: map[string]string{AnnotationExecUserRequired: "maybe"}, wantErr: AnnotationExecUserRequired},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ExecUserFor(base, tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+					t.Fatalf("err = %v, want an invalid-argument error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.User != tc.user || got.Sudo != tc.sudo || got.Required != tc.required {
+				t.Errorf("got user %q sudo %v required %v, want %q %v %v", got.User, got.Sudo, got.Required, tc.user, tc.sudo, tc.required)
+			}
+		})
+	}
+	// The sandbox's annotations go through ApplyAnnotations, which
+	// validates them the same way.
+	if _, err := ApplyAnnotations(config.Default(), map[string]string{AnnotationExecUser: "a:b:c"}); err == nil || !strings.Contains(err.Error(), AnnotationExecUser) {
+		t.Errorf("ApplyAnnotations with a malformed exec user: %v", err)
+	}
+	cfg, err := ApplyAnnotations(config.Default(), map[string]string{AnnotationExecUser: "dev:4242:4242", AnnotationExecUserSudo: "true"})
+	if err != nil || cfg.ExecUser.User != "dev:4242:4242" || !cfg.ExecUser.Sudo {
+		t.Errorf("ApplyAnnotations: %+v, %v", cfg.ExecUser, err)
+	}
+}

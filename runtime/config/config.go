@@ -18,6 +18,8 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/containerd/errdefs"
+
+	"github.com/cocoonrt/cocoon/guest/execuser"
 )
 
 // DefaultPath is where the optional config file lives.
@@ -36,7 +38,31 @@ type Config struct {
 	// Template says whether sandboxes start from templates
 	// (docs/templates.md).
 	Template Template `toml:"template"`
+	// ExecUser is a user provisioned in every container once the guest
+	// is ready (docs/exec-user.md); off unless User is set.
+	ExecUser ExecUser `toml:"exec_user"`
 }
+
+// ExecUser configures the exec user.
+type ExecUser struct {
+	// User is "name:uid:gid[:home[:shell]]"; empty: no user is
+	// provisioned. Home defaults to /home/<name>, shell to /bin/sh.
+	User string `toml:"user"`
+	// Sudo gives the user passwordless sudo, in images that have sudo.
+	Sudo bool `toml:"sudo"`
+	// Required fails a container's create when the user cannot be
+	// provisioned; otherwise that is a warning, and provisioning is
+	// retried in the background a few times.
+	Required bool `toml:"required"`
+	// Timeout bounds one provisioning attempt.
+	Timeout Duration `toml:"timeout"`
+}
+
+// Bounds of exec_user.timeout: provisioning edits three small files.
+const (
+	MinExecUserTimeout = 100 * time.Millisecond
+	MaxExecUserTimeout = 5 * time.Minute
+)
 
 // Template modes.
 const (
@@ -171,6 +197,9 @@ func Default() Config {
 			ConsoleLogBytes: 1 << 20,
 		},
 		Template: Template{Mode: TemplateAuto},
+		// A provisioning takes milliseconds; seconds are a guest in
+		// trouble.
+		ExecUser: ExecUser{Timeout: Duration{5 * time.Second}},
 		Rootfs: Rootfs{
 			// A full default scratch disk (10 GiB) and its tar headers,
 			// at about 40 MB/s.
@@ -190,6 +219,7 @@ var envOverrides = [...]struct {
 }{
 	{"COCOON_ACCEL", "hypervisor.accel", func(c *Config, v string) error { c.Hypervisor.Accel = v; return nil }},
 	{"COCOON_TEMPLATE", "template.mode", func(c *Config, v string) error { c.Template.Mode = v; return nil }},
+	{"COCOON_EXEC_USER", "exec_user.user", func(c *Config, v string) error { c.ExecUser.User = v; return nil }},
 	{"COCOON_CHANNEL", "hypervisor.channel", func(c *Config, v string) error { c.Hypervisor.Channel = v; return nil }},
 	{"COCOON_QEMU", "hypervisor.path", func(c *Config, v string) error { c.Hypervisor.Path = v; return nil }},
 	{"COCOON_IMAGE_DIR", "guest.image_dir", func(c *Config, v string) error { c.Guest.ImageDir = v; return nil }},
@@ -302,6 +332,14 @@ func (c Config) Validate() error {
 	case TemplateAuto, TemplateNever, TemplateRequired:
 	default:
 		bad("template.mode = %q: want auto, never or required", c.Template.Mode)
+	}
+	if u := c.ExecUser.User; u != "" {
+		if _, err := execuser.Parse(u); err != nil {
+			bad("exec_user.user: %v", err)
+		}
+	}
+	if t := c.ExecUser.Timeout.Duration; t < MinExecUserTimeout || t > MaxExecUserTimeout {
+		bad("exec_user.timeout = %v: want %v to %v", t, MinExecUserTimeout, MaxExecUserTimeout)
 	}
 	r := c.Rootfs
 	if r.CopyBackMaxBytes < MinCopyBackMaxBytes {

@@ -131,3 +131,48 @@ func TestValidateCopyBack(t *testing.T) {
 		t.Errorf("11 GiB at 100 MiB/s within 5 minutes: %v", err)
 	}
 }
+
+func TestValidateExecUser(t *testing.T) {
+	c := Default()
+	if c.ExecUser.User != "" {
+		t.Fatalf("the exec user is on by default: %q", c.ExecUser.User)
+	}
+	c.ExecUser.User = "dev:4242:4242:/home/dev:/bin/bash"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		user    string
+		timeout time.Duration
+		want    string
+	}{
+		{"dev:4242", 5 * time.Second, "exec_user.user"},
+		{"dev:4242:99999999999", 5 * time.Second, "exec_user.user"},
+		{"dev:4242:4242:/home/dev:bash", 5 * time.Second, "exec_user.user"},
+		{"dev:4242:4242", time.Millisecond, "exec_user.timeout"},
+		{"dev:4242:4242", time.Hour, "exec_user.timeout"},
+	} {
+		c := Default()
+		c.ExecUser.User, c.ExecUser.Timeout.Duration = tc.user, tc.timeout
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("user %q, timeout %v: err = %v, want one naming %s", tc.user, tc.timeout, err, tc.want)
+		}
+	}
+	// From the file, and COCOON_EXEC_USER over it.
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("[exec_user]\nuser = \"ops:5000:5000\"\nsudo = true\ntimeout = \"2s\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(path, func(k string) string {
+		if k == "COCOON_EXEC_USER" {
+			return "dev:4242:4242"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ExecUser.User != "dev:4242:4242" || !got.ExecUser.Sudo || got.ExecUser.Timeout.Duration != 2*time.Second {
+		t.Errorf("loaded %+v", got.ExecUser)
+	}
+}
