@@ -118,6 +118,9 @@ type container struct {
 	// copiedBack is set once the writable layer was copied back, or the
 	// copy back failed for good (copyBack).
 	copiedBack bool
+	// user retries the exec user's provisioning after a failed first
+	// attempt; nil when none is needed. Set with init.
+	user *userProvisioner
 }
 
 // processID returns a new short guest process id: the agent's ids are
@@ -206,6 +209,11 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	if s.rootfs == nil {
 		return nil, fmt.Errorf("container %s: the sandbox was started without a layer cache: %w", c.ID, errdefs.ErrFailedPrecondition)
 	}
+	first := !s.created.Swap(true)
+	pol, err := s.containerUser(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	attacher, ok := s.vm.(hypervisor.DiskAttacher)
 	if !ok {
 		return nil, fmt.Errorf("container %s: the hypervisor driver cannot hot-plug disks: %w", c.ID, errdefs.ErrNotImplemented)
@@ -255,7 +263,19 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		// A terminal has one output, on Stdout.
 		stderr = nil
 	}
-	init, err := s.agent.CreateContainer(ctx, agent.ContainerCreate{
+	var provision *agent.UserProvision
+	if pol != nil {
+		bound, err := s.userBound(pol, first)
+		if err != nil && pol.required {
+			return nil, fmt.Errorf("container %s: %w", c.ID, err)
+		}
+		if err == nil {
+			provision = &agent.UserProvision{ExecUser: pol.user, Timeout: bound, Required: pol.required}
+		} else {
+			log.G(ctx).WithError(err).Warn("exec user not provisioned")
+		}
+	}
+	init, outcome, err := s.agent.CreateContainerWithUser(ctx, agent.ContainerCreate{
 		ID:        c.ID,
 		ProcessID: s.containers.processID(),
 		Spec:      specJSON,
@@ -263,7 +283,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		Stdin:     c.Stdin,
 		Stdout:    c.Stdout,
 		Stderr:    stderr,
-	})
+	}, provision)
 	if err != nil {
 		// A create the guest finished after ctx gave up must not keep
 		// mounts on disks about to be detached.
@@ -274,11 +294,19 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		cancel()
 		return nil, err
 	}
+	var retries *userProvisioner
+	if provision != nil {
+		retries = s.afterCreate(ctx, ct, pol, outcome)
+	}
 	s.containers.mu.Lock()
 	ct.init = init
+	ct.user = retries
 	ct.stdio = stdioShape{Terminal: guest.Process.Terminal, Stdin: c.Stdin != nil, Stdout: c.Stdout != nil, Stderr: stderr != nil}
 	ct.busy = false
 	s.containers.mu.Unlock()
+	if retries != nil {
+		retries.start(init)
+	}
 	log.G(ctx).WithField("process", init.ID()).WithField("pid", init.Pid()).WithField("disks", len(ct.disks)).Info("container created")
 	return init, nil
 }
@@ -448,6 +476,10 @@ func (s *Sandbox) DeleteContainer(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
+	if p := s.containers.userOf(ct); p != nil {
+		// No retry edits the files of a container being deleted.
+		p.stop(ctx)
+	}
 	attacher, _ := s.vm.(hypervisor.DiskAttacher)
 	if s.dead() {
 		ct.disks, attacher = nil, nil
@@ -578,6 +610,9 @@ func (s *Sandbox) closeContainers(ctx context.Context) error {
 	}
 	var errs []error
 	for _, ct := range left {
+		if p := c.userOf(ct); p != nil {
+			p.stop(ctx)
+		}
 		ct.disks = nil
 		if err := s.releaseContainer(ctx, nil, ct); err != nil {
 			errs = append(errs, fmt.Errorf("container %s: %w", ct.id, err))

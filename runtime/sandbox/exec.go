@@ -33,6 +33,10 @@ func (s *Sandbox) ExecProcess(ctx context.Context, containerID, execID string, p
 		return nil, err
 	}
 	defer leave()
+	if p := s.containers.userOf(ct); p != nil {
+		// The exec sees the user a retry under way is making.
+		p.wait(ctx)
+	}
 	gp, err := oci.GuestProcess(p)
 	if err != nil {
 		return nil, fmt.Errorf("exec %s in container %s: %w", execID, containerID, err)

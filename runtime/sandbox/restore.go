@@ -64,6 +64,12 @@ func Restore(ctx context.Context, o Options, ro RestoreOptions) (*Sandbox, *agen
 		}
 		return nil, nil, fmt.Errorf("restore from checkpoint %s: %w", ro.Dir, err)
 	}
+	if err := sb.provisionRestored(ctx, r.ct, ro.Container); err != nil {
+		if serr := sb.Stop(context.WithoutCancel(ctx)); serr != nil {
+			log.G(ctx).WithError(serr).Warn("stop the sandbox of a failed restore")
+		}
+		return nil, nil, fmt.Errorf("restore from checkpoint %s: %w", ro.Dir, err)
+	}
 	return sb, r.init, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -148,6 +149,15 @@ type Sandbox struct {
 	// stopErr is what the Stop that did the work returned; read after
 	// stopped is closed.
 	stopErr error
+
+	// execUser is the sandbox's exec user configuration, which each
+	// container's annotations may override (execuser.go).
+	execUser config.ExecUser
+	// startDeadline is when runtime.start_timeout, counted from the
+	// launch, runs out: the first container's provisioning spends what
+	// its boot left. created is set by the first CreateContainer.
+	startDeadline time.Time
+	created       atomic.Bool
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -228,6 +238,8 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 
 	startCtx, cancel := context.WithTimeout(ctx, cfg.Runtime.StartTimeout.Duration)
 	defer cancel()
+	s.execUser = cfg.ExecUser
+	s.startDeadline, _ = startCtx.Deadline()
 	spec := s.spec
 	spec.Memory = o.memory
 	if clone != nil {
