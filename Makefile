@@ -87,7 +87,8 @@ demo: deps install
 	$(GO) run ./integration/demo
 
 # containerd versions the integration tests drive besides Debian's 1.6,
-# built from the Go module proxy into $(TEST_TOOLS).
+# built from the Go module proxy into $(TEST_TOOLS), and a small Debian
+# root with sudo for the exec-user tests (integration/debian-image.sh).
 TEST_TOOLS ?= /opt/cocoon-test
 CONTAINERD_17 ?= v1.7.30
 CONTAINERD_24 ?= v2.4.2
@@ -97,6 +98,7 @@ test: deps test-deps build guest test-unit test-integration
 test-deps:
 	bash integration/install-containerd.sh $(CONTAINERD_17) $(TEST_TOOLS)/containerd-1.7
 	bash integration/install-containerd.sh $(CONTAINERD_24) $(TEST_TOOLS)/containerd-2.4
+	bash integration/debian-image.sh $(TEST_TOOLS)/images
 
 # The fuzz targets over what the guest sends, each run by test-unit for a
 # number of inputs (go test -fuzz takes one package and one target at a

@@ -149,22 +149,9 @@ fi
 
 # --- 1. the root tarball -----------------------------------------------------------
 step "root tarball"
-# The host's Debian sources for the suite (binary packages only), one-line
-# and deb822 files alike; other repositories the host may have are left out.
+# The host's Debian sources for the suite.
 SRC="$(mktemp)"
-{
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[ -r "$f" ] && awk -v s="$SUITE" '$1 == "deb" && $0 ~ ("[[:space:]]" s "([-/][^[:space:]]*)?[[:space:]]")' "$f"
-	done
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[ -r "$f" ] || continue
-		# Stanzas of Types deb whose Suites name the suite.
-		awk -v s="$SUITE" 'BEGIN { RS = ""; ORS = "\n\n" }
-			$0 ~ ("(^|\n)Types:[^\n]*deb([ \t]|\n|$)") && $0 ~ ("(^|\n)Suites:[^\n]*[ \t]" s "([-/][^ \t\n]*)?([ \t]|\n|$)") {
-				gsub(/(^|\n)#[^\n]*/, ""); sub(/^\n/, ""); sub(/Types:[^\n]*/, "Types: deb"); print }' "$f"
-	done
-} > "$SRC"
-grep -qE '^(deb |Types:)' "$SRC" || { die "no Debian $SUITE source in /etc/apt/sources.list{,.d/}"; }
+bash "$REPO/.ci/debian-sources.sh" "$SUITE" > "$SRC" || die "no Debian $SUITE source on the host"
 # What the host's apt needs to reach that mirror (a proxy, a snapshot's
 # expired Release files); nothing that changes which packages get installed.
 APTOPTS=()

@@ -69,48 +69,103 @@ func BusyboxArchive(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return ociArchive(filepath.Join(dir, "busybox-oci.tar"), layer, ociImage{ref: BusyboxRef, cmd: []string{"/bin/sh"}})
+}
+
+// ociImage is an image of an OCI archive: its name, what it runs and as
+// whom ("" for root).
+type ociImage struct {
+	ref  string
+	cmd  []string
+	user string
+}
+
+// ociArchive writes an OCI image layout tarball at out: the images, each
+// of the one uncompressed layer.
+func ociArchive(out string, layer []byte, images ...ociImage) (string, error) {
 	layerDesc := descriptor("application/vnd.oci.image.layer.v1.tar", layer)
-	config, _ := json.Marshal(map[string]any{
-		"architecture": "amd64",
-		"os":           "linux",
-		"config": map[string]any{
+	blobs := [][]byte{layer}
+	var manifests []any
+	for _, img := range images {
+		cfg := map[string]any{
 			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			"Cmd": []string{"/bin/sh"},
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDesc["digest"].(string)}},
-	})
-	configDesc := descriptor("application/vnd.oci.image.config.v1+json", config)
-	manifest, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        configDesc,
-		"layers":        []any{layerDesc},
-	})
-	manifestDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
-	manifestDesc["platform"] = map[string]string{"architecture": "amd64", "os": "linux"}
-	manifestDesc["annotations"] = map[string]string{
-		"io.containerd.image.name":          BusyboxRef,
-		"org.opencontainers.image.ref.name": "test",
+			"Cmd": img.cmd,
+		}
+		if img.user != "" {
+			cfg["User"] = img.user
+		}
+		config, _ := json.Marshal(map[string]any{
+			"architecture": "amd64",
+			"os":           "linux",
+			"config":       cfg,
+			"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDesc["digest"].(string)}},
+		})
+		configDesc := descriptor("application/vnd.oci.image.config.v1+json", config)
+		manifest, _ := json.Marshal(map[string]any{
+			"schemaVersion": 2,
+			"mediaType":     "application/vnd.oci.image.manifest.v1+json",
+			"config":        configDesc,
+			"layers":        []any{layerDesc},
+		})
+		manifestDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
+		manifestDesc["platform"] = map[string]string{"architecture": "amd64", "os": "linux"}
+		manifestDesc["annotations"] = map[string]string{
+			"io.containerd.image.name":          img.ref,
+			"org.opencontainers.image.ref.name": "test",
+		}
+		manifests = append(manifests, manifestDesc)
+		blobs = append(blobs, config, manifest)
 	}
 	index, _ := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
-		"manifests":     []any{manifestDesc},
+		"manifests":     manifests,
 	})
 
 	files := map[string][]byte{
 		"oci-layout": []byte(`{"imageLayoutVersion":"1.0.0"}`),
 		"index.json": index,
 	}
-	for _, blob := range [][]byte{layer, config, manifest} {
+	for _, blob := range blobs {
 		files["blobs/sha256/"+hexDigest(blob)] = blob
 	}
 	var buf bytes.Buffer
 	if err := writeTar(&buf, files, nil); err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "busybox-oci.tar")
 	return out, os.WriteFile(out, buf.Bytes(), 0o644)
+}
+
+// DebianRef is the name ImportDebian gives the image, and DebianUserRef
+// the same image with "User": "4242" in its config: its containers' init
+// runs as that uid, which Debian's /etc/passwd does not have.
+const (
+	DebianRef     = "docker.io/cocoon/debian-sudo:test"
+	DebianUserRef = "docker.io/cocoon/debian-sudo:uid4242"
+)
+
+// debianRoot is the Debian root with sudo that `make test-deps` makes
+// (integration/debian-image.sh).
+const debianRoot = "/opt/cocoon-test/images/debian-sudo.tar"
+
+// ImportDebian imports a one-layer OCI image of a small Debian 12 root
+// that has sudo (debianRoot) into c as DebianRef and DebianUserRef, and
+// returns DebianRef. Its /etc/passwd is Debian's own: no user of uid 1000
+// or above.
+func ImportDebian(t testing.TB, c *Containerd) string {
+	t.Helper()
+	layer, err := os.ReadFile(debianRoot)
+	if err != nil {
+		t.Fatalf("the Debian test image: %v (make test-deps makes it)", err)
+	}
+	archive, err := ociArchive(filepath.Join(t.TempDir(), "debian-oci.tar"), layer,
+		ociImage{ref: DebianRef, cmd: []string{"/bin/bash"}},
+		ociImage{ref: DebianUserRef, cmd: []string{"/bin/bash"}, user: "4242"})
+	if err != nil {
+		t.Fatalf("build the Debian image: %v", err)
+	}
+	c.MustCtr("images", "import", archive)
+	return DebianRef
 }
 
 // busyboxLayer is the image's only layer.
