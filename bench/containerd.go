@@ -417,6 +417,8 @@ type ctrdFigures struct {
 	deleteAfter [2][][]float64
 	// checkpoints are the checkpoint and restore figures.
 	checkpoints ckptFigures
+	// execUser are the starts with and without the exec user.
+	execUser execUserFigures
 }
 
 // benchContainerd measures both runtimes through one private containerd:
@@ -438,6 +440,9 @@ func benchContainerd(ctx context.Context, cfg *config.Config, n int) (f ctrdFigu
 		}
 		if rt == runtimeCocoon {
 			if f.startTimings, err = b.timings("start-", n); err != nil {
+				return f, err
+			}
+			if f.execUser, err = b.execUserFigures(ctx, n); err != nil {
 				return f, err
 			}
 		}

@@ -64,10 +64,12 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template"`)
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser"`)
 	flag.Parse()
-	if *only != "" && *only != "copyback" && *only != "checkpoint" && *only != "template" {
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint" or "template"`)
+	switch *only {
+	case "", "copyback", "checkpoint", "template", "execuser":
+	default:
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template" or "execuser"`)
 		os.Exit(2)
 	}
 	if *n < 5 || *ctrN < 10 {
@@ -114,6 +116,14 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		}
 		return writeReport(rep, out)
 	}
+	if only == "execuser" {
+		f, err := benchExecUserOnly(ctx, &env.Config, ctrN)
+		if err != nil {
+			return fmt.Errorf("exec user figures: %w", err)
+		}
+		rep.Results = execUserResults(f)
+		return writeReport(rep, out)
+	}
 	if only == "template" {
 		f, err := benchTemplate(ctx, env, n, ctrN)
 		if err != nil {
@@ -156,6 +166,7 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		Result{Name: "page cache shared by all vms (kernel, initrd, qemu)", Unit: "MiB", Median: median(mem.shared), Samples: mem.shared},
 	)
 	rep.Results = append(rep.Results, ctrdResults(ctrd, median(boot.ready))...)
+	rep.Results = append(rep.Results, execUserResults(ctrd.execUser)...)
 	rep.Results = append(rep.Results, checkpointResults(ctrd.checkpoints)...)
 	if ctrd.checkpoints.runcErr != nil {
 		rep.RuncNote = strings.TrimSpace(rep.RuncNote + "\nrunc checkpoint figures not measured: " + ctrd.checkpoints.runcErr.Error())
