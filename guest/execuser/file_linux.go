@@ -132,9 +132,6 @@ func replaceChild(dirfd int, name, path string, data []byte, prev file, mode uin
 	if err := unix.Fchmod(fd, mode); err != nil {
 		return &pathError{op: "chmod " + tmp, path: path, err: err}
 	}
-	if err := unix.Fsync(fd); err != nil {
-		return &pathError{op: "sync " + tmp, path: path, err: err}
-	}
 	err = unix.Close(fd)
 	fd = -1
 	if err != nil {
@@ -155,9 +152,6 @@ func replaceChild(dirfd int, name, path string, data []byte, prev file, mode uin
 		return &pathError{op: "rename " + tmp + " over it", path: path, err: err}
 	}
 	renamed = true
-	if err := syncDir(dirfd); err != nil {
-		return &pathError{op: "sync directory", path: path, err: err}
-	}
 	return nil
 }
 
@@ -240,9 +234,6 @@ func removeChild(dirfd int, name, path string) (bool, error) {
 	}
 	if err := unix.Unlinkat(dirfd, name, 0); err != nil {
 		return false, &pathError{op: "remove", path: path, err: err}
-	}
-	if err := syncDir(dirfd); err != nil {
-		return true, &pathError{op: "sync directory", path: path, err: err}
 	}
 	return true, nil
 }

@@ -175,9 +175,6 @@ func (r *rootFS) mkdirAll(p string, mode uint32, uid, gid int) (bool, error) {
 			}
 			return false, &pathError{op: "make directory", path: sub, err: err}
 		}
-		if err := syncDir(parent); err != nil {
-			return false, &pathError{op: "sync parent", path: sub, err: err}
-		}
 		m, o, g := uint32(0o755), 0, 0
 		if last {
 			m, o, g = mode, uid, gid
@@ -196,22 +193,6 @@ func (r *rootFS) mkdirAll(p string, mode uint32, uid, gid int) (bool, error) {
 		if err := unix.Fchmod(fd, m); err != nil {
 			return false, &pathError{op: "chmod", path: sub, err: err}
 		}
-		if err := unix.Fsync(fd); err != nil {
-			return false, &pathError{op: "sync", path: sub, err: err}
-		}
 	}
 	return true, nil
-}
-
-// syncDir flushes directory dirfd, which may be an O_PATH descriptor.
-func syncDir(dirfd int) error {
-	fd, err := openat2(dirfd, ".", &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.Fsync(fd)
 }
