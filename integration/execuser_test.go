@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,6 +178,16 @@ func TestExecUserRequiredImpossible(t *testing.T) {
 			c.WaitNoShim(t)
 			_, _ = c.Ctr("container", "rm", "eubad")
 
+			// A read-only root cannot take the user.
+			_, err = c.Ctr("run", "--rm", "--runtime", runtimeName, "--read-only",
+				"--annotation", annExecUser+"="+execUser, "--annotation", annExecUserNeeded+"=true",
+				img, "eubad", "true")
+			if err == nil || !strings.Contains(err.Error(), "read-only") {
+				t.Errorf("a required exec user on a read-only root: %v", err)
+			}
+			c.WaitNoShim(t)
+			_, _ = c.Ctr("container", "rm", "eubad")
+
 			// A malformed annotation is refused before anything boots.
 			_, err = c.Ctr("run", "--rm", "--runtime", runtimeName,
 				"--annotation", annExecUser+"=dev:4242:x", img, "eubad", "true")
@@ -219,4 +231,36 @@ func logEntryOf(c *harness.Containerd, msg, id string) logEntry {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// A container restored from a checkpoint made before the user was
+// configured gets it before its processes are thawed (containerd 2.4:
+// the restore is the shim's own path, whatever containerd's version).
+func TestExecUserAfterRestore(t *testing.T) {
+	c, img, stateDir := shimContainerd(t, "2.4")
+	removeAtEnd(t, c, "eurst")
+	c.MustCtr("run", "-d", "--runtime", runtimeName, img, "eurst", "sleep", "600")
+	c.WaitStatus(t, "eurst", "RUNNING")
+	if out, code := execAs(t, c, "eurst", "4242", "id", "-un"); code == 0 {
+		t.Fatalf("uid 4242 has a name before the user was configured: %q", out)
+	}
+	c.MustCtr("container", "checkpoint", "--task", "eurst", "checkpoint/eurst:1")
+	killAndRemove(t, c, "eurst")
+
+	// The shims read the configuration at each create: the restore's
+	// sees the user.
+	cfg := filepath.Join(filepath.Dir(stateDir), "config.toml")
+	if err := os.WriteFile(cfg, []byte("[exec_user]\nuser = \"dev:4242:4242\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.MustCtr("container", "restore", "--live", "eurst", "checkpoint/eurst:1")
+	c.WaitStatus(t, "eurst", "RUNNING")
+	if got := mustExec(t, c, "eurst", "4242", "sh", "-c", `id -un; echo "$HOME"`); got != "dev\n/home/dev" {
+		t.Errorf("as 4242 after the restore: %q, want dev and /home/dev", got)
+	}
+	if e := logEntryOf(c, "exec user provisioned", "eurst"); e == nil || e["passwd"] != "created" {
+		t.Errorf("the shim's log does not say the user was provisioned in the restored container: %v", e)
+	}
+	killAndRemove(t, c, "eurst")
+	c.WaitNoShim(t)
 }

@@ -270,6 +270,7 @@ func (s *Sandbox) containerUser(ctx context.Context, c ContainerSpec) (*userPoli
 // processes are thawed. The first attempt is made here; a required user
 // that fails it fails the restore.
 func (s *Sandbox) provisionRestored(ctx context.Context, ct *container, spec ContainerSpec) error {
+	ctx = log.WithLogger(ctx, log.G(ctx).WithField("container", ct.id))
 	pol, err := s.containerUser(ctx, spec)
 	if err != nil || pol == nil {
 		return err
