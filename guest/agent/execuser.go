@@ -174,7 +174,12 @@ func (s *Service) ProvisionUser(ctx context.Context, req *api.ProvisionUserReque
 		return nil, fmt.Errorf("container %s: exec user: %s: %w", c.id, why, errdefs.ErrFailedPrecondition)
 	}
 	if err := c.begin(opProvision); err != nil {
-		return nil, err
+		if c.current() == stateStopped {
+			return nil, err
+		}
+		// Busy with another op, or frozen for a checkpoint: a retry
+		// may find it free.
+		return nil, fmt.Errorf("%w: %v", errdefs.ErrAborted, err)
 	}
 	rep, err := provisionUser(log.WithLogger(ctx, log.G(ctx).WithField("container", c.id)), c.rootfs.Root, req.User, 0)
 	c.end(opProvision, err == nil)

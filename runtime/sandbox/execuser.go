@@ -93,6 +93,9 @@ func (p *userProvisioner) retry() {
 
 func (p *userProvisioner) loop(gen context.Context) {
 	defer close(p.loopDone)
+	// Once the retries end, so does the generation: the watch of the
+	// init has nothing left to stop.
+	defer p.cancel()
 	for i := 0; i < userRetries; i++ {
 		if gen.Err() != nil {
 			return
