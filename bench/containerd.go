@@ -166,23 +166,34 @@ var (
 // writes the line before its Delete returns; containerd copies it into
 // its log a moment later.
 func (b *ctrdBench) timings(prefix string, want int) ([]startTiming, error) {
-	var out []startTiming
-	for wait := 0; ; wait++ {
-		out = out[:0]
-		for _, line := range strings.Split(b.c.Log(), "\n") {
+	return waitLog(b, "shim timing lines for "+prefix+"*", want, func(lines []string) ([]startTiming, error) {
+		var out []startTiming
+		for _, line := range lines {
 			m := timingLine.FindStringSubmatch(line)
 			if m == nil {
 				continue
 			}
-			f := map[string]string{}
-			for _, kv := range timingField.FindAllStringSubmatch(m[1], -1) {
-				f[kv[1]] = strings.Trim(kv[2], `"`)
-			}
+			f := logFields(m[1])
 			if !strings.HasPrefix(f["container"], prefix) {
 				continue
 			}
 			num := func(k string) float64 { v, _ := strconv.ParseFloat(f[k], 64); return v }
 			out = append(out, startTiming{calls: num("calls_ms"), vm: num("vm_ms"), guest: num("guest_ms"), shim: num("shim_ms")})
+		}
+		return out, nil
+	})
+}
+
+// waitLog waits (2 s at most) until collect finds want entries in the
+// lines of containerd's log, where the shims' log lines go: a shim
+// writes a line before its call returns, and containerd copies it into
+// its log a moment later. what names the entries in the error.
+func waitLog[T any](b *ctrdBench, what string, want int, collect func(lines []string) ([]T, error)) ([]T, error) {
+	var out []T
+	for wait := 0; ; wait++ {
+		var err error
+		if out, err = collect(strings.Split(b.c.Log(), "\n")); err != nil {
+			return nil, err
 		}
 		if len(out) >= want || wait == 20 {
 			break
@@ -190,7 +201,7 @@ func (b *ctrdBench) timings(prefix string, want int) ([]startTiming, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if len(out) < want {
-		return out, fmt.Errorf("containerd's log has %d shim timing lines for %s*, want %d", len(out), prefix, want)
+		return out, fmt.Errorf("containerd's log has %d %s, want %d", len(out), what, want)
 	}
 	return out, nil
 }

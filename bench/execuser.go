@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"regexp"
 	"strconv"
@@ -23,11 +22,7 @@ type execUserFigures struct{ with, without, guest []float64 }
 
 // provisionedLine matches the shim's "exec user provisioned" line; its
 // guest_us field is the guest's time for it.
-var (
-	provisionedLine = regexp.MustCompile(`msg="exec user provisioned"(.*)`)
-	containerField  = regexp.MustCompile(`\bcontainer=(\S+)`)
-	guestUSField    = regexp.MustCompile(`\bguest_us=(\d+)`)
-)
+var provisionedLine = regexp.MustCompile(`msg="exec user provisioned"(.*)`)
 
 // execUserFigures times n `ctr run --rm true` with the exec user and n
 // without, alternated so that drift of the host's speed falls on both.
@@ -59,30 +54,22 @@ func (b *ctrdBench) execUserFigures(ctx context.Context, n int) (f execUserFigur
 // provisionTimes reads the guest's provisioning times of the containers
 // whose ids start with prefix from containerd's log, in ms.
 func (b *ctrdBench) provisionTimes(prefix string, want int) ([]float64, error) {
-	var out []float64
-	for wait := 0; ; wait++ {
-		out = out[:0]
-		for _, line := range strings.Split(b.c.Log(), "\n") {
+	return waitLog(b, "exec user lines for "+prefix+"*", want, func(lines []string) ([]float64, error) {
+		var out []float64
+		for _, line := range lines {
 			m := provisionedLine.FindStringSubmatch(line)
 			if m == nil {
 				continue
 			}
-			c, us := containerField.FindStringSubmatch(m[1]), guestUSField.FindStringSubmatch(m[1])
-			if c == nil || us == nil || !strings.HasPrefix(strings.Trim(c[1], `"`), prefix) {
+			f := logFields(m[1])
+			us, err := strconv.ParseFloat(f["guest_us"], 64)
+			if !strings.HasPrefix(f["container"], prefix) || err != nil {
 				continue
 			}
-			v, _ := strconv.ParseFloat(us[1], 64)
-			out = append(out, v/1000)
+			out = append(out, us/1000)
 		}
-		if len(out) >= want || wait == 20 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(out) < want {
-		return out, fmt.Errorf("containerd's log has %d exec user lines for %s*, want %d", len(out), prefix, want)
-	}
-	return out, nil
+		return out, nil
+	})
 }
 
 // benchExecUserOnly measures the exec user figures alone.

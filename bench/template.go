@@ -243,11 +243,10 @@ type launch struct{ ready, dial, handshake, sync float64 }
 // ids start with prefix from containerd's log, and checks that each
 // started from a template if clone, and booted if not.
 func (b *ctrdBench) launches(prefix string, clone bool, want int) ([]launch, error) {
-	var out []launch
-	for wait := 0; ; wait++ {
-		out = out[:0]
+	return waitLog(b, "sandbox start lines for "+prefix+"*", want, func(lines []string) ([]launch, error) {
+		var out []launch
 		conn := map[string]map[string]string{}
-		for _, line := range strings.Split(b.c.Log(), "\n") {
+		for _, line := range lines {
 			if m := connLine.FindStringSubmatch(line); m != nil {
 				f := logFields(m[1])
 				conn[f["sandbox"]] = f
@@ -283,15 +282,8 @@ func (b *ctrdBench) launches(prefix string, clone bool, want int) ([]launch, err
 			}
 			out = append(out, l)
 		}
-		if len(out) >= want || wait == 20 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(out) < want {
-		return out, fmt.Errorf("containerd's log has %d sandbox start lines for %s*, want %d", len(out), prefix, want)
-	}
-	return out, nil
+		return out, nil
+	})
 }
 
 // logFields are the key=value fields of a log line's rest.

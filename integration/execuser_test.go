@@ -92,7 +92,7 @@ func TestExecUser(t *testing.T) {
 			if got := waitFile(t, c, "eu", "/tmp/init"); got != "/home/dev dev 4242" {
 				t.Errorf("the init's HOME, name and uid: %q, want \"/home/dev dev 4242\"", got)
 			}
-			if e := logEntryOf(c, "exec user provisioned", "eu"); e == nil {
+			if e := waitShimLog(c, "exec user provisioned", "container", "eu", 10*time.Second); e == nil {
 				t.Errorf("the shim's log does not say the user was provisioned in eu")
 			} else if e["passwd"] != "created" || e["sudo"] != "written" || e["home"] != "created" {
 				t.Errorf("provisioning of eu: passwd %q, home %q, sudo %q; want created, created, written", e["passwd"], e["home"], e["sudo"])
@@ -216,23 +216,6 @@ func waitFile(t *testing.T, c *harness.Containerd, id, path string) string {
 	}
 }
 
-// logEntryOf waits (10 s at most) for the shim's log line msg about
-// container id and returns its fields; nil if none came.
-func logEntryOf(c *harness.Containerd, msg, id string) logEntry {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, e := range shimLog(c, msg) {
-			if e["container"] == id {
-				return e
-			}
-		}
-		if time.Now().After(deadline) {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // A container restored from a checkpoint made before the user was
 // configured gets it before its processes are thawed (containerd 2.4:
 // the restore is the shim's own path, whatever containerd's version).
@@ -258,7 +241,7 @@ func TestExecUserAfterRestore(t *testing.T) {
 	if got := mustExec(t, c, "eurst", "4242", "sh", "-c", `id -un; echo "$HOME"`); got != "dev\n/home/dev" {
 		t.Errorf("as 4242 after the restore: %q, want dev and /home/dev", got)
 	}
-	if e := logEntryOf(c, "exec user provisioned", "eurst"); e == nil || e["passwd"] != "created" {
+	if e := waitShimLog(c, "exec user provisioned", "container", "eurst", 10*time.Second); e == nil || e["passwd"] != "created" {
 		t.Errorf("the shim's log does not say the user was provisioned in the restored container: %v", e)
 	}
 	killAndRemove(t, c, "eurst")

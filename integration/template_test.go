@@ -145,10 +145,17 @@ func shimLog(c *harness.Containerd, msg string) []logEntry {
 // sandboxLog returns sandbox id's entry of message msg in the shim's log,
 // waiting wait at most for it; nil if there is none.
 func sandboxLog(c *harness.Containerd, msg, id string, wait time.Duration) logEntry {
+	return waitShimLog(c, msg, "sandbox", id, wait)
+}
+
+// waitShimLog returns the first entry of message msg in the shim's log
+// whose field is value, waiting wait at most for it; nil if there is
+// none.
+func waitShimLog(c *harness.Containerd, msg, field, value string, wait time.Duration) logEntry {
 	deadline := time.Now().Add(wait)
 	for {
 		for _, e := range shimLog(c, msg) {
-			if e["sandbox"] == id {
+			if e[field] == value {
 				return e
 			}
 		}
