@@ -2098,6 +2098,225 @@ func (*ShutdownRequest) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
+// NetworkInterface is one of the guest's virtio-net interfaces.
+type NetworkInterface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is the interface's position among the guest's virtio-net
+	// devices, in the order of the VM's command line (0 for the first).
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// name is the name it gets (the host interface's, as eth0), at most
+	// 15 bytes of [A-Za-z0-9_.-].
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// mac is its hardware address, as aa:bb:cc:dd:ee:ff.
+	Mac string `protobuf:"bytes,3,opt,name=mac,proto3" json:"mac,omitempty"`
+	// mtu, 0 for the kernel's default.
+	Mtu uint32 `protobuf:"varint,4,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// addresses in CIDR notation, IPv4 and IPv6 (10.4.0.5/24,
+	// fd00::5/64).
+	Addresses     []string `protobuf:"bytes,5,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkInterface) Reset() {
+	*x = NetworkInterface{}
+	mi := &file_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkInterface) ProtoMessage() {}
+
+func (x *NetworkInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkInterface.ProtoReflect.Descriptor instead.
+func (*NetworkInterface) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *NetworkInterface) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *NetworkInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetworkInterface) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetworkInterface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+// NetworkRoute is a route of the guest's main table.
+type NetworkRoute struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination in CIDR notation; "" for the default route (of the
+	// gateway's family).
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// gateway, "" for a route on the link.
+	Gateway string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// interface is the name of one of the request's interfaces.
+	Interface string `protobuf:"bytes,3,opt,name=interface,proto3" json:"interface,omitempty"`
+	// source is the preferred source address, "" for none.
+	Source        string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	Metric        uint32 `protobuf:"varint,5,opt,name=metric,proto3" json:"metric,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRoute) Reset() {
+	*x = NetworkRoute{}
+	mi := &file_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRoute) ProtoMessage() {}
+
+func (x *NetworkRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRoute.ProtoReflect.Descriptor instead.
+func (*NetworkRoute) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *NetworkRoute) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *NetworkRoute) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *NetworkRoute) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *NetworkRoute) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *NetworkRoute) GetMetric() uint32 {
+	if x != nil {
+		return x.Metric
+	}
+	return 0
+}
+
+type ConfigureNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces    []*NetworkInterface    `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Routes        []*NetworkRoute        `protobuf:"bytes,2,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkRequest) Reset() {
+	*x = ConfigureNetworkRequest{}
+	mi := &file_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkRequest) ProtoMessage() {}
+
+func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ConfigureNetworkRequest) GetInterfaces() []*NetworkInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *ConfigureNetworkRequest) GetRoutes() []*NetworkRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2240,7 +2459,24 @@ const file_agent_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\rR\x06height\"\x11\n" +
-	"\x0fShutdownRequest2\xca\x0f\n" +
+	"\x0fShutdownRequest\"~\n" +
+	"\x10NetworkInterface\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x03 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x04 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x05 \x03(\tR\taddresses\"\x98\x01\n" +
+	"\fNetworkRoute\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x1c\n" +
+	"\tinterface\x18\x03 \x01(\tR\tinterface\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x16\n" +
+	"\x06metric\x18\x05 \x01(\rR\x06metric\"\x93\x01\n" +
+	"\x17ConfigureNetworkRequest\x12A\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2!.cocoon.agent.v1.NetworkInterfaceR\n" +
+	"interfaces\x125\n" +
+	"\x06routes\x18\x02 \x03(\v2\x1d.cocoon.agent.v1.NetworkRouteR\x06routes2\xa0\x10\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -2253,7 +2489,8 @@ const file_agent_proto_rawDesc = "" +
 	"\rAttachProcess\x12%.cocoon.agent.v1.AttachProcessRequest\x1a%.cocoon.agent.v1.StartProcessResponse\x12D\n" +
 	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\x11FreezeFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a*.cocoon.agent.v1.FreezeFilesystemsResponse\x12A\n" +
-	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12d\n" +
+	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12T\n" +
+	"\x10ConfigureNetwork\x12(.cocoon.agent.v1.ConfigureNetworkRequest\x1a\x16.cocoon.agent.v1.Empty\x12d\n" +
 	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a(.cocoon.agent.v1.CreateContainerResponse\x12K\n" +
 	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\rProvisionUser\x12%.cocoon.agent.v1.ProvisionUserRequest\x1a\x1f.cocoon.agent.v1.ExecUserReport\x12Y\n" +
@@ -2281,7 +2518,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                   // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),          // 1: cocoon.agent.v1.ContainerRequest
@@ -2316,6 +2553,9 @@ var file_agent_proto_goTypes = []any{
 	(*FreezeFilesystemsResponse)(nil), // 30: cocoon.agent.v1.FreezeFilesystemsResponse
 	(*ResizePtyRequest)(nil),          // 31: cocoon.agent.v1.ResizePtyRequest
 	(*ShutdownRequest)(nil),           // 32: cocoon.agent.v1.ShutdownRequest
+	(*NetworkInterface)(nil),          // 33: cocoon.agent.v1.NetworkInterface
+	(*NetworkRoute)(nil),              // 34: cocoon.agent.v1.NetworkRoute
+	(*ConfigureNetworkRequest)(nil),   // 35: cocoon.agent.v1.ConfigureNetworkRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
@@ -2326,59 +2566,63 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 5: cocoon.agent.v1.ProvisionUserRequest.user:type_name -> cocoon.agent.v1.ExecUser
 	0,  // 6: cocoon.agent.v1.Event.kind:type_name -> cocoon.agent.v1.Event.Kind
 	20, // 7: cocoon.agent.v1.SyncGuestResponse.guest:type_name -> cocoon.agent.v1.PingResponse
-	19, // 8: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
-	21, // 9: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
-	23, // 10: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
-	25, // 11: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
-	27, // 12: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
-	28, // 13: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
-	31, // 14: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
-	29, // 15: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
-	32, // 16: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
-	18, // 17: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
-	18, // 18: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
-	6,  // 19: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 20: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 21: cocoon.agent.v1.Agent.ProvisionUser:input_type -> cocoon.agent.v1.ProvisionUserRequest
-	11, // 22: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	12, // 23: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 24: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 25: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 26: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 27: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	13, // 28: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 29: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 30: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	16, // 31: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	20, // 32: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	22, // 33: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	24, // 34: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	26, // 35: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	18, // 36: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	18, // 37: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	18, // 38: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	24, // 39: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	18, // 40: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	30, // 41: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
-	18, // 42: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
-	7,  // 43: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.CreateContainerResponse
-	18, // 44: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 45: cocoon.agent.v1.Agent.ProvisionUser:output_type -> cocoon.agent.v1.ExecUserReport
-	24, // 46: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	18, // 47: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 48: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 49: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	18, // 50: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 51: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 52: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 53: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	15, // 54: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	17, // 55: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	32, // [32:56] is the sub-list for method output_type
-	8,  // [8:32] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	33, // 8: cocoon.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> cocoon.agent.v1.NetworkInterface
+	34, // 9: cocoon.agent.v1.ConfigureNetworkRequest.routes:type_name -> cocoon.agent.v1.NetworkRoute
+	19, // 10: cocoon.agent.v1.Agent.Ping:input_type -> cocoon.agent.v1.PingRequest
+	21, // 11: cocoon.agent.v1.Agent.SyncGuest:input_type -> cocoon.agent.v1.SyncGuestRequest
+	23, // 12: cocoon.agent.v1.Agent.StartProcess:input_type -> cocoon.agent.v1.StartProcessRequest
+	25, // 13: cocoon.agent.v1.Agent.WaitProcess:input_type -> cocoon.agent.v1.WaitProcessRequest
+	27, // 14: cocoon.agent.v1.Agent.SignalProcess:input_type -> cocoon.agent.v1.SignalProcessRequest
+	28, // 15: cocoon.agent.v1.Agent.CloseStdin:input_type -> cocoon.agent.v1.CloseStdinRequest
+	31, // 16: cocoon.agent.v1.Agent.ResizePty:input_type -> cocoon.agent.v1.ResizePtyRequest
+	29, // 17: cocoon.agent.v1.Agent.AttachProcess:input_type -> cocoon.agent.v1.AttachProcessRequest
+	32, // 18: cocoon.agent.v1.Agent.Shutdown:input_type -> cocoon.agent.v1.ShutdownRequest
+	18, // 19: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
+	18, // 20: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
+	35, // 21: cocoon.agent.v1.Agent.ConfigureNetwork:input_type -> cocoon.agent.v1.ConfigureNetworkRequest
+	6,  // 22: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 23: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 24: cocoon.agent.v1.Agent.ProvisionUser:input_type -> cocoon.agent.v1.ProvisionUserRequest
+	11, // 25: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	12, // 26: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 27: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 28: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 29: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 30: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	13, // 31: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 32: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 33: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	16, // 34: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	20, // 35: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	22, // 36: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	24, // 37: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	26, // 38: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	18, // 39: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	18, // 40: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	18, // 41: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	24, // 42: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 43: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	30, // 44: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	18, // 45: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	18, // 46: cocoon.agent.v1.Agent.ConfigureNetwork:output_type -> cocoon.agent.v1.Empty
+	7,  // 47: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.CreateContainerResponse
+	18, // 48: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 49: cocoon.agent.v1.Agent.ProvisionUser:output_type -> cocoon.agent.v1.ExecUserReport
+	24, // 50: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 51: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 52: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 53: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	18, // 54: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 55: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 56: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 57: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	15, // 58: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	17, // 59: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	35, // [35:60] is the sub-list for method output_type
+	10, // [10:35] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2392,7 +2636,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

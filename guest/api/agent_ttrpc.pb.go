@@ -19,6 +19,7 @@ type AgentService interface {
 	Shutdown(context.Context, *ShutdownRequest) (*Empty, error)
 	FreezeFilesystems(context.Context, *Empty) (*FreezeFilesystemsResponse, error)
 	ThawFilesystems(context.Context, *Empty) (*Empty, error)
+	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*Empty, error)
 	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
 	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ProvisionUser(context.Context, *ProvisionUserRequest) (*ExecUserReport, error)
@@ -113,6 +114,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ThawFilesystems(ctx, &req)
+			},
+			"ConfigureNetwork": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConfigureNetworkRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ConfigureNetwork(ctx, &req)
 			},
 			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req CreateContainerRequest
@@ -302,6 +310,14 @@ func (c *agentClient) FreezeFilesystems(ctx context.Context, req *Empty) (*Freez
 func (c *agentClient) ThawFilesystems(ctx context.Context, req *Empty) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ThawFilesystems", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

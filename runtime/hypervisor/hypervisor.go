@@ -9,6 +9,7 @@ package hypervisor
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 
 	"github.com/cocoonrt/cocoon/runtime/channel"
@@ -44,12 +45,33 @@ type Spec struct {
 	// memory: the base of templates, whose clones map one saved memory
 	// copy-on-write. Nil: anonymous memory.
 	Memory *MemoryFile
+	// NICs are the guest's network interfaces, in order: each a
+	// virtio-net device backed by a tap the caller made and opened. They
+	// exist from boot (microvm cannot hot-plug them) and are part of the
+	// machine a saved state needs: a restore gets as many, with backends
+	// of its own.
+	NICs []NIC
 	// Restore, if set, makes Launch bring back a state saved by
 	// Snapshotter.Save instead of booting the kernel. The other fields
 	// must describe the guest as it was launched when it was saved
 	// (sizes, accelerator, channel, image): the saved state holds the
 	// guest's memory and devices, not its machine. Nil boots as usual.
 	Restore *Restore
+}
+
+// NIC is a network interface of the guest, backed by a tap device.
+type NIC struct {
+	// ID names the NIC to the driver: net0, net1, ... in order.
+	ID string
+	// Tap is the tap device, opened on /dev/net/tun with IFF_TAP,
+	// IFF_NO_PI and IFF_VNET_HDR in the sandbox's network namespace. The
+	// driver hands it to the VMM, which opens nothing of the network
+	// itself; the caller keeps and closes it.
+	Tap *os.File
+	// MAC is the guest interface's hardware address.
+	MAC net.HardwareAddr
+	// MTU is told to the guest; 0 leaves the default.
+	MTU int
 }
 
 // MemoryFile is guest RAM backed by a file of Spec.MemoryMiB bytes.
