@@ -54,9 +54,13 @@ const tcgCPUModel = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 // Debian's QEMU 7.2 and boot the guest unchanged.
 const sandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
+// firstInheritedFD is the descriptor number in QEMU of the first of
+// exec.Cmd.ExtraFiles; the others follow (see inheritedFiles).
+const firstInheritedFD = 3
+
 // vhostFD is the descriptor number of /dev/vhost-vsock in QEMU: the first
 // of exec.Cmd.ExtraFiles.
-const vhostFD = 3
+const vhostFD = firstInheritedFD
 
 // launchParams is everything the command line depends on, so that it can be
 // built, and tested, without touching the host.
@@ -69,6 +73,9 @@ type launchParams struct {
 	// cid is the reserved vsock context id (vsock only). Its reservation
 	// is passed to QEMU as descriptor vhostFD.
 	cid uint32
+	// nics are the descriptor numbers of Spec.NICs' files in QEMU, one
+	// per NIC in the same order (inheritedFiles).
+	nics []nicFDs
 }
 
 func (p launchParams) path(name string) string { return filepath.Join(p.spec.StateDir, name) }
@@ -184,6 +191,13 @@ func commandLine(p launchParams) []string {
 			"-device", port,
 		)
 	}
+	// The NICs (see nicArgs) come after every other device: microvm
+	// hands out virtio-mmio transports in the order of -device, so the
+	// other devices keep the transports they had before there were
+	// NICs, where the states saved then expect them.
+	for i, n := range s.NICs {
+		args = append(args, nicArgs(n, p.nics[i])...)
+	}
 	if s.Restore != nil {
 		// The same machine, waiting for a saved state instead of
 		// running the kernel: "defer" lets the driver re-add the hot-
@@ -226,6 +240,12 @@ func kernelCmdline(p launchParams) string {
 	args = append(args, p.spec.KernelArgs...)
 	return strings.Join(args, " ")
 }
+
+// mmioCmdlineBytes bounds what microvm (without ACPI) appends to the
+// kernel command line for each virtio device, which is how the guest finds
+// it: " virtio_mmio.device=512@<transport>:<irq>", with the transports at
+// 0xfeb00000-0xfeb00e00 on irqs 5-12.
+const mmioCmdlineBytes = len(" virtio_mmio.device=512@0xfeb00e00:12")
 
 // optValue escapes a value for QEMU's key=value,... option syntax, where a
 // comma is written twice.

@@ -7,13 +7,19 @@ import (
 )
 
 // machineOf describes the machine commandLine builds for spec: what a
-// saved state of it needs to load again.
+// saved state of it needs to load again. Each device it names is one
+// virtio-mmio device of the guest.
 func machineOf(spec hypervisor.Spec, v qmp.Version) hypervisor.Machine {
 	agent := "agent:virtio-serial"
 	if spec.Channel == channel.Vsock {
 		agent = "agent:vhost-vsock"
 	}
 	devices := []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent}
+	// The NICs come last, as on the command line: a guest without NICs
+	// keeps the list, and so the template keys, it had before them.
+	for _, n := range spec.NICs {
+		devices = append(devices, "virtio-net:"+n.ID)
+	}
 	return hypervisor.Machine{
 		Driver:  DriverName,
 		Version: v.String(),

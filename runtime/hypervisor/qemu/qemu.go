@@ -58,6 +58,8 @@ type Driver struct {
 	tsc tscSource
 	// nextCID draws vsock guest CIDs.
 	nextCID func() uint32
+	// vhostNet is the vhost-net device, DefaultVhostNetDevice.
+	vhostNet string
 }
 
 var _ hypervisor.Driver = (*Driver)(nil)
@@ -70,7 +72,7 @@ func New(cfg Config) *Driver {
 	if cfg.TBSizeMiB <= 0 {
 		cfg.TBSizeMiB = DefaultTBSizeMiB
 	}
-	return &Driver{cfg: cfg, tsc: localTSC(), nextCID: randomCID}
+	return &Driver{cfg: cfg, tsc: localTSC(), nextCID: randomCID, vhostNet: DefaultVhostNetDevice}
 }
 
 // Name returns "qemu".
@@ -116,7 +118,7 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		}
 		p.tscKHz = khz
 	}
-	var extra []*os.File
+	var vsock *os.File
 	if spec.Channel == channel.Vsock {
 		vhost, cid, err := reserveCID(d.nextCID)
 		if err != nil {
@@ -124,8 +126,23 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		}
 		defer vhost.Close() // QEMU holds its own copy once started
 		p.cid = cid
-		extra = append(extra, vhost)
+		vsock = vhost
 	}
+	vhostNet, err := openVhostNet(d.vhostNet, spec)
+	if err != nil {
+		e := lg.WithError(err).WithField("device", d.vhostNet)
+		if errors.Is(err, os.ErrNotExist) {
+			e.Info("no vhost-net: the guest's network goes through qemu")
+		} else {
+			e.Warn("cannot open vhost-net: the guest's network goes through qemu")
+		}
+	}
+	withVhostNet := len(vhostNet) > 0
+	// Closed once QEMU has started (it holds its own copies), or on a
+	// failure before. The taps stay the caller's.
+	defer func() { closeFiles(vhostNet) }()
+	extra, nics := inheritedFiles(vsock, spec.NICs, vhostNet)
+	p.nics = nics
 
 	// Undo what was made if anything below fails.
 	var made []string
@@ -175,6 +192,8 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	err = cmd.Start()
 	stdoutW.Close()
 	stderrW.Close()
+	closeFiles(vhostNet)
+	vhostNet = nil
 	if err != nil {
 		consoleFile.Close()
 		stdoutR.Close()
@@ -231,6 +250,8 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	v.log.WithFields(log.Fields{
 		"accel":        spec.Accel,
 		"channel":      v.endpoint.String(),
+		"nics":         len(spec.NICs),
+		"vhost_net":    withVhostNet,
 		"qmp_ready_ms": qmpReady.Milliseconds(),
 		"restored":     spec.Restore != nil,
 		"started_ms":   time.Since(started).Milliseconds(),
@@ -290,9 +311,17 @@ func validateSpec(s hypervisor.Spec) error {
 			return bad("kernel argument %q is empty or holds control characters", a)
 		}
 	}
-	// x86 Linux truncates its command line at 2048 bytes with the NUL.
-	if n := len(kernelCmdline(launchParams{spec: s, tscKHz: 1 << 32})); n > 2047 {
-		return bad("kernel command line is %d bytes, more than the 2047 the guest reads", n)
+	if err := validateNICs(s.NICs); err != nil {
+		return err
+	}
+	if err := checkTransports(s); err != nil {
+		return err
+	}
+	// x86 Linux truncates its command line at 2048 bytes with the NUL,
+	// and microvm appends an entry for each virtio device, without
+	// which the guest does not find it.
+	if n := len(kernelCmdline(launchParams{spec: s, tscKHz: 1 << 32})) + mmioCmdlineBytes*len(machineOf(s, qmp.Version{}).Devices); n > 2047 {
+		return bad("kernel command line is %d bytes with microvm's virtio_mmio.device entries, more than the 2047 the guest reads", n)
 	}
 	if s.ConsoleLogBytes < 0 {
 		return bad("console log bytes = %d is negative", s.ConsoleLogBytes)
