@@ -126,6 +126,8 @@ type Service struct {
 	containers *containerSet
 	// freeze holds the containers' filesystems still for a snapshot.
 	freeze *fsFreeze
+	// net is what ConfigureNetwork keeps between calls.
+	net netState
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
