@@ -1,0 +1,286 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"unsafe"
+
+	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// MaxInterfaces bounds the interfaces mirrored from one namespace.
+const MaxInterfaces = 16
+
+// tapPrefix names the taps Plumb makes (cctap0, cctap1, ...); links with
+// it are never taken for the namespace's own interfaces.
+const tapPrefix = "cctap"
+
+// Plumbed is a namespace whose interfaces were connected to taps.
+type Plumbed struct {
+	// Path is the namespace's path.
+	Path string
+	// Config is what the guest's network is to be.
+	Config Config
+	// Taps are the tap devices, opened, one per Config.Interfaces entry
+	// in its order. Close closes them.
+	Taps []*os.File
+
+	ns     netns.NsHandle
+	handle *netlink.Handle
+	// redirected are the indexes of the namespace's interfaces that got
+	// an ingress qdisc.
+	redirected []int
+}
+
+// Plumb finds the interfaces of the network namespace at path and
+// connects each to a new tap: the tap is made in the namespace, and tc
+// redirects all ingress of each to the other. A namespace with no
+// interface but loopback gives an empty Config and no tap. On error
+// nothing is left.
+func Plumb(path string) (_ *Plumbed, retErr error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	p := &Plumbed{Path: path, ns: ns}
+	defer func() {
+		if retErr != nil {
+			p.Close()
+		}
+	}()
+	if p.handle, err = netlink.NewHandleAt(ns); err != nil {
+		return nil, fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	links, err := p.handle.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("network namespace %s: list links: %w", path, err)
+	}
+	byIndex := map[int]string{}
+	var mirrored []netlink.Link
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&net.FlagLoopback != 0 || strings.HasPrefix(a.Name, tapPrefix) || len(a.HardwareAddr) != 6 {
+			continue
+		}
+		mirrored = append(mirrored, l)
+		byIndex[a.Index] = a.Name
+	}
+	if len(mirrored) > MaxInterfaces {
+		return nil, fmt.Errorf("network namespace %s: %d interfaces, at most %d: %w", path, len(mirrored), MaxInterfaces, errdefs.ErrNotImplemented)
+	}
+	for i, l := range mirrored {
+		iface, err := p.describe(l)
+		if err != nil {
+			return nil, err
+		}
+		tap, err := openTap(ns, fmt.Sprintf("%s%d", tapPrefix, i))
+		if err != nil {
+			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
+		}
+		p.Taps = append(p.Taps, tap)
+		if err := p.redirect(l, tap, fmt.Sprintf("%s%d", tapPrefix, i)); err != nil {
+			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
+		}
+		p.Config.Interfaces = append(p.Config.Interfaces, iface)
+	}
+	if p.Config.Routes, err = p.routes(byIndex); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// describe reads what the guest needs of link l.
+func (p *Plumbed) describe(l netlink.Link) (Interface, error) {
+	a := l.Attrs()
+	iface := Interface{Name: a.Name, MAC: append([]byte(nil), a.HardwareAddr...), MTU: a.MTU}
+	addrs, err := p.handle.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return iface, fmt.Errorf("network namespace %s: %s: addresses: %w", p.Path, a.Name, err)
+	}
+	for _, ad := range addrs {
+		ip, ok := netip.AddrFromSlice(ad.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is6() && ip.IsLinkLocalUnicast() {
+			continue
+		}
+		ones, _ := ad.Mask.Size()
+		iface.Addresses = append(iface.Addresses, netip.PrefixFrom(ip, ones))
+	}
+	return iface, nil
+}
+
+// routes are the namespace's main-table routes on the mirrored
+// interfaces, without those the kernel makes for addresses.
+func (p *Plumbed) routes(byIndex map[int]string) ([]Route, error) {
+	rs, err := p.handle.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("network namespace %s: routes: %w", p.Path, err)
+	}
+	var out []Route
+	for _, r := range rs {
+		name, ok := byIndex[r.LinkIndex]
+		if !ok || r.Protocol == unix.RTPROT_KERNEL || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		rt := Route{Interface: name, Metric: r.Priority}
+		if r.Dst != nil {
+			ip, ok := netip.AddrFromSlice(r.Dst.IP)
+			if !ok {
+				continue
+			}
+			ones, _ := r.Dst.Mask.Size()
+			rt.Destination = netip.PrefixFrom(ip.Unmap(), ones)
+			if ones == 0 {
+				rt.Destination = netip.Prefix{}
+			}
+		}
+		if ip, ok := netip.AddrFromSlice(r.Gw); ok {
+			rt.Gateway = ip.Unmap()
+		}
+		if ip, ok := netip.AddrFromSlice(r.Src); ok {
+			rt.Source = ip.Unmap()
+		}
+		if !rt.Destination.IsValid() && !rt.Gateway.IsValid() {
+			continue
+		}
+		if rt.Destination.IsValid() && rt.Destination.Addr().Is6() && rt.Destination.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// redirect brings the tap up with l's MTU and redirects every frame that
+// arrives on either to the other.
+func (p *Plumbed) redirect(l netlink.Link, tap *os.File, tapName string) error {
+	t, err := p.handle.LinkByName(tapName)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", tapName, err)
+	}
+	if err := p.handle.LinkSetMTU(t, l.Attrs().MTU); err != nil {
+		return fmt.Errorf("%s: set mtu: %w", tapName, err)
+	}
+	if err := p.handle.LinkSetUp(t); err != nil {
+		return fmt.Errorf("%s: up: %w", tapName, err)
+	}
+	for _, pair := range [][2]netlink.Link{{l, t}, {t, l}} {
+		from, to := pair[0].Attrs(), pair[1].Attrs()
+		q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: from.Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
+		if err := p.handle.QdiscAdd(q); err != nil {
+			return fmt.Errorf("%s: add ingress qdisc: %w", from.Name, err)
+		}
+		if from.Index == l.Attrs().Index {
+			p.redirected = append(p.redirected, from.Index)
+		}
+		f := &netlink.U32{
+			FilterAttrs: netlink.FilterAttrs{LinkIndex: from.Index, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL},
+			RedirIndex:  to.Index,
+		}
+		if err := p.handle.FilterAdd(f); err != nil {
+			return fmt.Errorf("%s: redirect to %s: %w", from.Name, to.Name, err)
+		}
+	}
+	return nil
+}
+
+// Close removes the redirects from the namespace's interfaces and closes
+// the taps, which the kernel then removes with theirs once the VMM has
+// let go of them too. The namespace itself is its owner's. Safe to call
+// more than once.
+func (p *Plumbed) Close() error {
+	var errs []error
+	for _, idx := range p.redirected {
+		q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
+		if err := p.handle.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("network namespace %s: remove ingress qdisc of link %d: %w", p.Path, idx, err))
+		}
+	}
+	p.redirected = nil
+	for _, t := range p.Taps {
+		t.Close()
+	}
+	p.Taps = nil
+	if p.handle != nil {
+		p.handle.Close()
+		p.handle = nil
+	}
+	if p.ns.IsOpen() {
+		p.ns.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// openTap makes tap name in namespace ns and returns it open: IFF_TAP
+// with IFF_VNET_HDR, for virtio-net's offloads, and IFF_NO_PI. A tap is
+// made in the namespace of the thread that asks, so the ask runs on a
+// thread of its own in ns; the descriptor works from anywhere after.
+func openTap(ns netns.NsHandle, name string) (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: fmt.Errorf("enter the namespace: %w", err)}
+			return
+		}
+		f, err := tunSetIff(name)
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked and ends with the goroutine: it
+			// must not run anything else in the wrong namespace.
+			if f != nil {
+				f.Close()
+			}
+			done <- result{err: fmt.Errorf("leave the namespace: %w", err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- result{f, err}
+	}()
+	r := <-done
+	return r.f, r.err
+}
+
+// ifReq is struct ifreq as TUNSETIFF reads it.
+type ifReq struct {
+	Name  [unix.IFNAMSIZ]byte
+	Flags uint16
+	_     [22]byte
+}
+
+func tunSetIff(name string) (*os.File, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	var req ifReq
+	copy(req.Name[:], name)
+	req.Flags = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req))); errno != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("make tap %s: %w", name, errno)
+	}
+	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
+}
