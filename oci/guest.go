@@ -104,6 +104,7 @@ func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
 		g.Linux.CgroupsPath = ""
 		g.Linux.MountLabel = ""
 		checkNamespaces(g.Linux.Namespaces, fail)
+		g.Linux.Namespaces = withoutJoinedNetwork(g.Linux.Namespaces)
 		checkDevices(g.Linux.Devices, fail)
 		checkResources(g.Linux.Resources, fail)
 		if g.Linux.IntelRdt != nil {
@@ -170,7 +171,10 @@ func checkNamespaces(nss []specs.LinuxNamespace, fail failFunc) {
 	have := map[specs.LinuxNamespaceType]bool{}
 	for _, ns := range nss {
 		have[ns.Type] = true
-		if ns.Path != "" {
+		// A network namespace with a path is the sandbox's: its
+		// interfaces are mirrored into the VM (NetworkNamespace), whose
+		// own namespace the container shares.
+		if ns.Path != "" && ns.Type != specs.NetworkNamespace {
 			fail(errdefs.ErrNotImplemented, "linux.namespaces: the %s namespace joins %s, a namespace outside the VM", ns.Type, ns.Path)
 		}
 	}
@@ -182,6 +186,36 @@ func checkNamespaces(nss []specs.LinuxNamespace, fail failFunc) {
 	if !have[specs.MountNamespace] {
 		fail(errdefs.ErrInvalidArgument, "linux.namespaces: no mount namespace; runc needs one")
 	}
+}
+
+// withoutJoinedNetwork drops a network namespace that names a path: in
+// the guest the container runs in the VM's network namespace, where the
+// sandbox namespace's interfaces are. A network namespace without a path
+// stays: the container gets one of its own, with loopback only.
+func withoutJoinedNetwork(nss []specs.LinuxNamespace) []specs.LinuxNamespace {
+	out := make([]specs.LinuxNamespace, 0, len(nss))
+	for _, ns := range nss {
+		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+			continue
+		}
+		out = append(out, ns)
+	}
+	return out
+}
+
+// NetworkNamespace is the path of the network namespace spec joins, the
+// sandbox's, whose interfaces the VM mirrors; "" when it makes a new one
+// or has none.
+func NetworkNamespace(spec *specs.Spec) string {
+	if spec == nil || spec.Linux == nil {
+		return ""
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
 }
 
 func checkMounts(mounts []specs.Mount, fail failFunc) {

@@ -94,7 +94,6 @@ func TestGuestSpecRefuses(t *testing.T) {
 		{"host pid", func(s *specs.Spec) { s.Linux.Namespaces = dropNS(s.Linux.Namespaces, specs.PIDNamespace) }, errdefs.IsNotImplemented, "--pid=host"},
 		{"host ipc", func(s *specs.Spec) { s.Linux.Namespaces = dropNS(s.Linux.Namespaces, specs.IPCNamespace) }, errdefs.IsNotImplemented, "--ipc=host"},
 		{"no mount namespace", func(s *specs.Spec) { s.Linux.Namespaces = dropNS(s.Linux.Namespaces, specs.MountNamespace) }, errdefs.IsInvalidArgument, "mount namespace"},
-		{"joined netns", func(s *specs.Spec) { setNSPath(s, specs.NetworkNamespace, "/var/run/netns/cni-1") }, errdefs.IsNotImplemented, "/var/run/netns/cni-1"},
 		{"joined pidns", func(s *specs.Spec) { setNSPath(s, specs.PIDNamespace, "/proc/42/ns/pid") }, errdefs.IsNotImplemented, "/proc/42/ns/pid"},
 		{"joined uts", func(s *specs.Spec) { setNSPath(s, specs.UTSNamespace, "/proc/42/ns/uts") }, errdefs.IsNotImplemented, "uts namespace"},
 		{"bind mount", func(s *specs.Spec) {
@@ -199,5 +198,32 @@ func setNSPath(s *specs.Spec, t specs.LinuxNamespaceType, path string) {
 		if s.Linux.Namespaces[i].Type == t {
 			s.Linux.Namespaces[i].Path = path
 		}
+	}
+}
+
+// A network namespace with a path is the sandbox's: GuestSpec leaves it
+// out (the container shares the VM's namespace, where its interfaces
+// are), and NetworkNamespace names it.
+func TestGuestSpecJoinedNetwork(t *testing.T) {
+	s := hostSpec()
+	setNSPath(s, specs.NetworkNamespace, "/var/run/netns/cni-1")
+	if got := NetworkNamespace(s); got != "/var/run/netns/cni-1" {
+		t.Errorf("NetworkNamespace = %q", got)
+	}
+	g, err := GuestSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range g.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			t.Errorf("the guest spec keeps the network namespace %+v", ns)
+		}
+	}
+	if NetworkNamespace(hostSpec()) != "" {
+		t.Error("a new network namespace has a path")
+	}
+	// The host's spec is left as it was.
+	if NetworkNamespace(s) != "/var/run/netns/cni-1" {
+		t.Error("GuestSpec changed the host spec's namespaces")
 	}
 }

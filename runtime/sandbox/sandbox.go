@@ -26,6 +26,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/network"
 	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
@@ -91,6 +92,10 @@ type Options struct {
 	// mapped copy-on-write, its state loaded, then the guest given its
 	// identity as after a boot. Restore ignores it.
 	Template *template.Template
+	// NetNS is the path of the network namespace whose interfaces the
+	// VM mirrors (the container's or pod's, made by CNI or Docker); ""
+	// for none: the guest has loopback only.
+	NetNS string
 
 	// memory is the RAM file of a template's own VM (MakeTemplate),
 	// which is not watched: its agent session is ended before the save.
@@ -158,6 +163,8 @@ type Sandbox struct {
 	// its boot left. created is set by the first CreateContainer.
 	startDeadline time.Time
 	created       atomic.Bool
+	// net is the plumbing of Options.NetNS; nil without one.
+	net *network.Plumbed
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -242,6 +249,14 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	s.startDeadline, _ = startCtx.Deadline()
 	spec := s.spec
 	spec.Memory = o.memory
+	if o.NetNS != "" {
+		if s.net, err = network.Plumb(o.NetNS); err != nil {
+			return nil, err
+		}
+		for i, iface := range s.net.Config.Interfaces {
+			spec.NICs = append(spec.NICs, hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: s.net.Taps[i], MAC: iface.MAC, MTU: iface.MTU})
+		}
+	}
 	if clone != nil {
 		if spec.Memory, spec.Restore, err = cloneFrom(clone); err != nil {
 			return nil, err
@@ -274,6 +289,13 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	connecting := time.Now()
 	if err := s.connect(startCtx, resumeAfterDial); err != nil {
 		return nil, err
+	}
+	if s.net != nil && len(s.net.Config.Interfaces) > 0 {
+		if err := s.agent.ConfigureNetwork(startCtx, s.net.Config); err != nil {
+			return nil, err
+		}
+		log.G(ctx).WithField("netns", o.NetNS).WithField("interfaces", len(s.net.Config.Interfaces)).
+			WithField("routes", len(s.net.Config.Routes)).Info("guest network configured")
 	}
 	if r != nil {
 		r.took.launch, r.took.connect = connecting.Sub(launched), time.Since(connecting)
@@ -566,6 +588,12 @@ func (s *Sandbox) teardown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("stop vm: %w", err))
 		}
 		cancel()
+	}
+	// After the VM stopped: the taps are no longer in use.
+	if s.net != nil {
+		if err := s.net.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("network: %w", err))
+		}
 	}
 	// After the VM stopped: the scratch disks are no longer in use.
 	if err := s.closeContainers(ctx); err != nil {

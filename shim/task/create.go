@@ -94,7 +94,7 @@ func (s *Service) unreserve(id string) *vmSlot {
 // guest, with its stdio open. On error nothing is left open.
 func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, clock *callClock) (_ Process, _ *stdio.IO, retErr error) {
 	sbID, _ := SandboxID(r.ID, spec.Annotations)
-	sb, err := s.sandboxFor(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations})
+	sb, err := s.sandboxFor(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec)})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/shim/stdio"
 )
 
@@ -48,7 +49,7 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 
 	var init Process
 	s.boot(ctx, slot, func(ctx context.Context) (Sandbox, error) {
-		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations}, r.Checkpoint, ContainerSpec{
+		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec)}, r.Checkpoint, ContainerSpec{
 			ID:     r.ID,
 			Spec:   spec,
 			Rootfs: rootfsMounts(r.Bundle, r.Rootfs, spec),

@@ -40,6 +40,10 @@ type LaunchRequest struct {
 	// Annotations are the OCI annotations of the first container (for a
 	// pod: the sandbox container's, which carry the pod's).
 	Annotations map[string]string
+	// NetNS is the network namespace the first container's spec joins
+	// (oci.NetworkNamespace), whose interfaces the VM mirrors; "" for
+	// none.
+	NetNS string
 }
 
 // Sandbox is one booted VM and the containers in it, as the Task service

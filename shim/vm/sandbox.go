@@ -99,6 +99,7 @@ func (l Launcher) options(r task.LaunchRequest) (sandbox.Options, error) {
 	return sandbox.Options{
 		Namespace:   r.Namespace,
 		ID:          r.ID,
+		NetNS:       r.NetNS,
 		Config:      cfg,
 		Driver:      qemu.New(qemu.Config{Binary: cfg.Hypervisor.Path}),
 		Image:       img,
