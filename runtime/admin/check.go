@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
+	"github.com/cocoonrt/cocoon/runtime/network"
 	"github.com/cocoonrt/cocoon/runtime/version"
 )
 
@@ -67,6 +69,7 @@ func (e *Env) Check(ctx context.Context, w io.Writer) error {
 
 	fmt.Fprintf(w, "containerd: %s\n", containerdStatus(ctx))
 	fmt.Fprintf(w, "template: %s\n", e.templateStatus())
+	fmt.Fprintf(w, "networking: %s\n", networkStatus(accel))
 
 	fmt.Fprintf(w, "booting a throwaway vm (%d vcpu, %d MiB)...\n", cfg.Hypervisor.VCPUs, cfg.Hypervisor.MemoryMiB)
 	sb, err := e.StartSandbox(ctx, "check")
@@ -83,6 +86,28 @@ func (e *Env) Check(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "guest: kernel %s, agent %s\n", sb.Guest.KernelRelease, sb.Guest.Version)
 	fmt.Fprintf(w, "ready in %d ms (%s, %s)\n", sb.ReadyIn.Milliseconds(), sb.Accel, sb.Channel)
 	return nil
+}
+
+// networkStatus says whether this host can give a VM the interfaces of
+// a network namespace (network.Probe), and whether the NICs get
+// vhost-net. Neither is needed to boot a VM, so it is reported, not
+// required.
+func networkStatus(accel hypervisor.Accel) string {
+	s := "taps with tc redirects ok"
+	if err := network.Probe(); err != nil {
+		s = fmt.Sprintf("taps with tc redirects fail (%v): containers that join a network namespace cannot run", err)
+	}
+	switch {
+	case accel != hypervisor.AccelKVM:
+		return s + "; vhost-net not used under " + string(accel)
+	default:
+		f, err := os.OpenFile(network.VhostNetDevice, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Sprintf("%s; vhost-net not usable (%v): the NICs are slower without it", s, err)
+		}
+		f.Close()
+		return s + "; vhost-net ok"
+	}
 }
 
 func orNone(s string) string {

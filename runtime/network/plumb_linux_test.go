@@ -146,3 +146,12 @@ func TestPlumbNoNamespace(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+func TestProbe(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if err := Probe(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,88 @@
+package network
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// VhostNetDevice is where vhost-net is, which QEMU uses for the NICs
+// under KVM.
+const VhostNetDevice = "/dev/vhost-net"
+
+// Probe checks that this host can mirror a network namespace: in a
+// throwaway namespace of its own it makes two taps and redirects each to
+// the other with tc, as Plumb does. It returns what failed, naming the
+// step (the tun device, the ingress qdisc, the u32 filter with its mirred
+// action).
+func Probe() error {
+	ns, err := newNamespace()
+	if err != nil {
+		return fmt.Errorf("make a network namespace: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	p := &Plumbed{Path: "(probe)", handle: h}
+	var taps []*os.File
+	defer func() {
+		for _, t := range taps {
+			t.Close()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		t, err := openTap(ns, fmt.Sprintf("%s%d", tapPrefix, i))
+		if err != nil {
+			return err
+		}
+		taps = append(taps, t)
+	}
+	a, err := h.LinkByName(tapPrefix + "0")
+	if err != nil {
+		return err
+	}
+	return p.redirect(a, taps[1], tapPrefix+"1")
+}
+
+// newNamespace makes a network namespace and returns a handle of it,
+// from a thread that returns to its own namespace after.
+func newNamespace() (netns.NsHandle, error) {
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.New()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: err}
+			return
+		}
+		if err := netns.Set(orig); err != nil {
+			// This thread stays in the new namespace and ends with the
+			// goroutine.
+			ns.Close()
+			done <- result{err: err}
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- result{ns: ns}
+	}()
+	r := <-done
+	return r.ns, r.err
+}
