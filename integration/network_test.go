@@ -68,7 +68,7 @@ func TestNetworkNamespace(t *testing.T) {
 			c, img, _ := shimContainerd(t, v)
 			f := makeNetns(t, 10+i)
 			mac := strings.TrimSpace(f.nsOut("cat", "/sys/class/net/eth0/address"))
-			removeAtEnd(t, c, "net1")
+			removeAtEnd(t, c, "net1", "net2")
 			c.MustCtr("run", "-d", "--runtime", runtimeName, "--with-ns", "network:"+f.path, img, "net1",
 				"sh", "-c", "mkdir -p /www && echo hello-from-the-vm > /www/index.html && exec httpd -f -p 8080 -h /www")
 			c.WaitStatus(t, "net1", "RUNNING")
@@ -112,6 +112,13 @@ func TestNetworkNamespace(t *testing.T) {
 			}
 			if out := f.nsOut("ip", "addr", "show", "eth0"); !strings.Contains(out, f.guestIP) {
 				t.Errorf("the namespace's eth0 lost its address:\n%s", out)
+			}
+
+			// Without a namespace to join (--network none), the container
+			// has loopback only.
+			out, err := c.Ctr("run", "--rm", "--runtime", runtimeName, img, "net2", "ls", "/sys/class/net")
+			if ifs := strings.Fields(out); err != nil || len(ifs) != 1 || ifs[0] != "lo" {
+				t.Errorf("interfaces without a namespace to join: %v %q, want lo only", err, out)
 			}
 		})
 	}
