@@ -156,3 +156,19 @@ func TestStartWithTemplate(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox that joins a network namespace has no template to start
+// from (its NICs would have to be in one): required refuses it, naming
+// the namespace, and auto says why it boots and makes none.
+func TestTemplateRefusesNetworkNamespace(t *testing.T) {
+	o, _, _ := templateOptions(t)
+	o.NetNS = "/var/run/netns/cni-test"
+	_, err := ShapeOf(o)
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "/var/run/netns/cni-test") {
+		t.Fatalf("ShapeOf: %v", err)
+	}
+	o.Config.Template.Mode = config.TemplateRequired
+	if _, _, err := StartWithTemplate(context.Background(), o, nil); err == nil || !strings.Contains(err.Error(), "network namespace") {
+		t.Fatalf("required: %v", err)
+	}
+}
