@@ -58,6 +58,26 @@ func (f netnsFixture) nsOut(args ...string) string {
 	return string(out)
 }
 
+// fetch gets a page from the guest's httpd in f's namespace, trying for
+// 30 s, and returns its body.
+func (f netnsFixture) fetch(t *testing.T, page string) string {
+	t.Helper()
+	var body []byte
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		body, err = exec.CommandContext(ctx, "busybox", "wget", "-q", "-O", "-", "http://"+f.guestIP+":8080/"+page).CombinedOutput()
+		cancel()
+		if err == nil {
+			return strings.TrimSpace(string(body))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Errorf("wget %s from the host: %v: %s", page, err, body)
+	return ""
+}
+
 // TestNetworkNamespace: a container that joins a network namespace gets
 // its interface in the VM (name, MAC, MTU, IPv4 and IPv6 addresses,
 // default route), reaches the host's end of the veth and serves it, and
@@ -82,20 +102,8 @@ func TestNetworkNamespace(t *testing.T) {
 			if out, err := c.Ctr("task", "exec", "--exec-id", "ping", "net1", "ping", "-c", "1", "-W", "10", f.hostIP); err != nil {
 				t.Errorf("ping the host's end from the guest: %v\n%s", err, out)
 			}
-			var body []byte
-			var err error
-			deadline := time.Now().Add(30 * time.Second)
-			for time.Now().Before(deadline) {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				body, err = exec.CommandContext(ctx, "busybox", "wget", "-q", "-O", "-", "http://"+f.guestIP+":8080/index.html").CombinedOutput()
-				cancel()
-				if err == nil {
-					break
-				}
-				time.Sleep(500 * time.Millisecond)
-			}
-			if err != nil || strings.TrimSpace(string(body)) != "hello-from-the-vm" {
-				t.Errorf("wget from the host: %v: %q", err, body)
+			if body := f.fetch(t, "index.html"); body != "hello-from-the-vm" {
+				t.Errorf("wget from the host: %q", body)
 			}
 			// The namespace shows the tap and the redirects meanwhile.
 			if out := f.nsOut("tc", "filter", "show", "dev", "eth0", "ingress"); !strings.Contains(out, "mirred") {
@@ -121,5 +129,39 @@ func TestNetworkNamespace(t *testing.T) {
 				t.Errorf("interfaces without a namespace to join: %v %q, want lo only", err, out)
 			}
 		})
+	}
+}
+
+// TestNetworkCheckpoint: a container on a joined namespace, checkpointed
+// and restored into the same namespace, serves again: the restore plumbs
+// the namespace anew and the guest's interface gets its configuration
+// again (containerd 2.4: the restore is the shim's own path).
+func TestNetworkCheckpoint(t *testing.T) {
+	c, img, _ := shimContainerd(t, "2.4")
+	f := makeNetns(t, 20)
+	removeAtEnd(t, c, "netck")
+	c.MustCtr("run", "-d", "--runtime", runtimeName, "--with-ns", "network:"+f.path, img, "netck",
+		"sh", "-c", "mkdir -p /www && echo before > /www/index.html && exec httpd -f -p 8080 -h /www")
+	c.WaitStatus(t, "netck", "RUNNING")
+	if body := f.fetch(t, "index.html"); body != "before" {
+		t.Fatalf("before the checkpoint: %q", body)
+	}
+	c.MustCtr("container", "checkpoint", "--task", "netck", "checkpoint/netck:1")
+	killAndRemove(t, c, "netck")
+	if out := f.nsOut("ip", "link", "show"); strings.Contains(out, "cctap") {
+		t.Errorf("a tap is left after the removal:\n%s", out)
+	}
+	c.MustCtr("container", "restore", "--live", "netck", "checkpoint/netck:1")
+	c.WaitStatus(t, "netck", "RUNNING")
+	if body := f.fetch(t, "index.html"); body != "before" {
+		t.Errorf("after the restore: %q", body)
+	}
+	if got := execOut(t, c, "netck", "ip", "addr", "show", "eth0"); !strings.Contains(got, "inet "+f.guestIP+"/24") {
+		t.Errorf("the restored guest's eth0:\n%s", got)
+	}
+	killAndRemove(t, c, "netck")
+	c.WaitNoShim(t)
+	if out := f.nsOut("tc", "qdisc", "show", "dev", "eth0"); strings.Contains(out, "ingress") {
+		t.Errorf("the redirect is left on the namespace's eth0:\n%s", out)
 	}
 }
