@@ -225,42 +225,52 @@ func (p *Plumbed) Close() error {
 // openTap makes tap name in namespace ns and returns it open: IFF_TAP
 // with IFF_VNET_HDR, for virtio-net's offloads, and IFF_NO_PI. A tap is
 // made in the namespace of the thread that asks, so the ask runs on a
-// thread of its own in ns; the descriptor works from anywhere after.
+// thread in ns; the descriptor works from anywhere after.
 func openTap(ns netns.NsHandle, name string) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
+	var f *os.File
+	err := onNamespaceThread(func() error { return netns.Set(ns) }, func() (err error) {
+		f, err = tunSetIff(name)
+		return err
+	})
+	if err != nil && f != nil {
+		f.Close()
+		f = nil
 	}
-	done := make(chan result, 1)
+	return f, err
+}
+
+// onNamespaceThread runs fn on a thread of its own that enter moved into
+// a network namespace, then moves the thread back to its namespace. A
+// thread that cannot go back stays locked, and ends with its goroutine:
+// it never runs anything else in the wrong namespace.
+func onNamespaceThread(enter func() error, fn func() error) error {
+	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			done <- result{err: err}
+			done <- err
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("enter the namespace: %w", err)}
+		if err := enter(); err != nil {
+			// enter may have moved the thread before it failed.
+			if netns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+			done <- fmt.Errorf("enter the namespace: %w", err)
 			return
 		}
-		f, err := tunSetIff(name)
+		ferr := fn()
 		if err := netns.Set(orig); err != nil {
-			// The thread stays locked and ends with the goroutine: it
-			// must not run anything else in the wrong namespace.
-			if f != nil {
-				f.Close()
-			}
-			done <- result{err: fmt.Errorf("leave the namespace: %w", err)}
+			done <- fmt.Errorf("leave the namespace: %w", err)
 			return
 		}
 		runtime.UnlockOSThread()
-		done <- result{f, err}
+		done <- ferr
 	}()
-	r := <-done
-	return r.f, r.err
+	return <-done
 }
 
 // ifReq is struct ifreq as TUNSETIFF reads it.

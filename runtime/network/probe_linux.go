@@ -3,7 +3,6 @@ package network
 import (
 	"fmt"
 	"os"
-	"runtime"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -53,36 +52,14 @@ func Probe() error {
 // newNamespace makes a network namespace and returns a handle of it,
 // from a thread that returns to its own namespace after.
 func newNamespace() (netns.NsHandle, error) {
-	type result struct {
-		ns  netns.NsHandle
-		err error
+	ns := netns.None()
+	err := onNamespaceThread(func() (err error) {
+		ns, err = netns.New()
+		return err
+	}, func() error { return nil })
+	if err != nil && ns.IsOpen() {
+		ns.Close()
+		ns = netns.None()
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: err}
-			return
-		}
-		if err := netns.Set(orig); err != nil {
-			// This thread stays in the new namespace and ends with the
-			// goroutine.
-			ns.Close()
-			done <- result{err: err}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{ns: ns}
-	}()
-	r := <-done
-	return r.ns, r.err
+	return ns, err
 }
