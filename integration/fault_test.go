@@ -33,6 +33,11 @@ func TestFaultVMKilled(t *testing.T) {
 			c.WaitStatus(t, "vmkill", "RUNNING")
 			ex := startAttached(t, c, "task", "exec", "--exec-id", "e1", "vmkill", "sh", "-c", "echo exec-up; exec sleep 600")
 			ex.out.waitLine(t, "exec-up")
+			// The exec's output can come before its Start has returned:
+			// a VM killed in between fails the Start, not the process.
+			if !events.WaitFor("/tasks/exec-started", `"exec_id":"e1"`, 30*time.Second) {
+				t.Fatal("no exec-started event for e1")
+			}
 			if err := syscall.Kill(taskPID(t, c, "vmkill"), syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
