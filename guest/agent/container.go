@@ -443,6 +443,8 @@ func guestCgroupsPath(id, p string) (string, error) {
 type execProcess struct {
 	Terminal bool     `json:"terminal"`
 	Args     []string `json:"args"`
+	// raw is the whole process, its members as sent.
+	raw rawObject
 }
 
 // parseProcess decodes and checks an exec's process.
@@ -465,6 +467,7 @@ func parseProcess(id string, data []byte) (*execProcess, error) {
 		return nil, fmt.Errorf("process %s: the guest's OCI runtime reads runtime-spec %s, without %s: %w",
 			id, runtimeSpecVersion, strings.Join(extra, ", "), errdefs.ErrNotImplemented)
 	}
+	p.raw = raw
 	return &p, nil
 }
 
@@ -733,7 +736,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *api.ExecProcessRequest) 
 	pidFile := filepath.Join(c.dir, "exec-"+req.ProcessId+".pid")
 	defer os.Remove(processFile)
 	defer os.Remove(pidFile)
-	procJSON, err := processWithHome(req.Process, c)
+	procJSON, err := processWithHome(req.Process, proc.raw, c)
 	if err != nil {
 		return nil, fmt.Errorf("process %s: %w: %v", req.ProcessId, errdefs.ErrInvalidArgument, err)
 	}

@@ -189,16 +189,12 @@ func (s *Service) ProvisionUser(ctx context.Context, req *api.ProvisionUserReque
 	return rep, nil
 }
 
-// processWithHome is an exec's process (JSON) with HOME set as withHome
-// sets it; the process as it is when it has HOME already.
-func processWithHome(data []byte, c *container) ([]byte, error) {
-	var p rawObject
-	if err := json.Unmarshal(data, &p); err != nil {
-		return nil, err
-	}
-	set, err := withHome(p, c.rootfs.Root, c.userFiles)
+// processWithHome is an exec's process (data, decoded as raw) with HOME
+// set as withHome sets it; data as it is when it has HOME already.
+func processWithHome(data []byte, raw rawObject, c *container) ([]byte, error) {
+	set, err := withHome(raw, c.rootfs.Root, c.userFiles)
 	if err != nil || !set {
 		return data, err
 	}
-	return json.Marshal(p)
+	return json.Marshal(raw)
 }

@@ -86,7 +86,7 @@ func Plumb(path string) (_ *Plumbed, retErr error) {
 			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
 		}
 		p.Taps = append(p.Taps, tap)
-		if err := p.redirect(l, tap, fmt.Sprintf("%s%d", tapPrefix, i)); err != nil {
+		if err := p.redirect(l, fmt.Sprintf("%s%d", tapPrefix, i)); err != nil {
 			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
 		}
 		p.Config.Interfaces = append(p.Config.Interfaces, iface)
@@ -164,7 +164,7 @@ func (p *Plumbed) routes(byIndex map[int]string) ([]Route, error) {
 
 // redirect brings the tap up with l's MTU and redirects every frame that
 // arrives on either to the other.
-func (p *Plumbed) redirect(l netlink.Link, tap *os.File, tapName string) error {
+func (p *Plumbed) redirect(l netlink.Link, tapName string) error {
 	t, err := p.handle.LinkByName(tapName)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", tapName, err)

@@ -46,7 +46,7 @@ func Probe() error {
 	if err != nil {
 		return err
 	}
-	return p.redirect(a, taps[1], tapPrefix+"1")
+	return p.redirect(a, tapPrefix+"1")
 }
 
 // newNamespace makes a network namespace and returns a handle of it,

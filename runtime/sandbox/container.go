@@ -265,13 +265,12 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	}
 	var provision *agent.UserProvision
 	if pol != nil {
-		bound, err := s.userBound(pol, first)
-		if err != nil && pol.required {
-			return nil, fmt.Errorf("container %s: %w", c.ID, err)
-		}
-		if err == nil {
+		switch bound, err := s.userBound(pol, first); {
+		case err == nil:
 			provision = &agent.UserProvision{ExecUser: pol.user, Timeout: bound, Required: pol.required}
-		} else {
+		case pol.required:
+			return nil, fmt.Errorf("container %s: %w", c.ID, err)
+		default:
 			log.G(ctx).WithError(err).Warn("exec user not provisioned")
 		}
 	}

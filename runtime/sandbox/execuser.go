@@ -203,10 +203,10 @@ func (s *Sandbox) userBound(pol *userPolicy, first bool) (time.Duration, error) 
 	return bound, nil
 }
 
-// afterCreate takes the outcome of CreateContainer's provisioning: the
-// report logged, or the failure logged and, when a retry may help, a
-// provisioner returned for the container, to be started once it is
-// recorded.
+// afterCreate takes the outcome of a container's first provisioning
+// (CreateContainer's, or a restore's): the report logged, or the failure
+// logged and, when a retry may help, a provisioner returned for the
+// container, to be started once it is recorded.
 func (s *Sandbox) afterCreate(ctx context.Context, ct *container, pol *userPolicy, out agent.UserOutcome) *userProvisioner {
 	lg := log.G(ctx).WithField("user", pol.user.User.String())
 	if out.Err == nil {
@@ -278,28 +278,23 @@ func (s *Sandbox) provisionRestored(ctx context.Context, ct *container, spec Con
 	if err != nil || pol == nil {
 		return err
 	}
-	bound, err := s.userBound(pol, true)
-	if err == nil {
+	var out agent.UserOutcome
+	if bound, err := s.userBound(pol, true); err != nil {
+		out.Err = err
+	} else {
 		actx, cancel := context.WithTimeout(ctx, bound)
-		var retry bool
-		retry, err = s.provisionAttempt(ct, pol)(actx)
+		out.Retry, out.Err = s.provisionAttempt(ct, pol)(actx)
 		cancel()
-		if err != nil && !pol.required && retry {
-			log.G(ctx).WithError(err).Warn("exec user not provisioned")
-			p := newUserProvisioner(log.G(ctx).WithField("user", pol.user.User.String()), s.provisionAttempt(ct, pol))
-			s.containers.mu.Lock()
-			ct.user = p
-			init := ct.init
-			s.containers.mu.Unlock()
-			p.start(init)
-			return nil
-		}
 	}
-	if err != nil && pol.required {
-		return fmt.Errorf("container %s: %w", ct.id, err)
+	if out.Err != nil && pol.required {
+		return fmt.Errorf("container %s: %w", ct.id, out.Err)
 	}
-	if err != nil {
-		log.G(ctx).WithError(err).Warn("exec user not provisioned")
+	if p := s.afterCreate(ctx, ct, pol, out); p != nil {
+		s.containers.mu.Lock()
+		ct.user = p
+		init := ct.init
+		s.containers.mu.Unlock()
+		p.start(init)
 	}
 	return nil
 }
