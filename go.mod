@@ -16,6 +16,7 @@ require (
 	github.com/hashicorp/yamux v0.1.2
 	github.com/mdlayher/vsock v1.4.0
 	github.com/moby/sys/mountinfo v0.7.2
+	github.com/moby/sys/reexec v0.1.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/sirupsen/logrus v1.10.2
 	github.com/urfave/cli/v2 v2.27.7

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/containerd/log"
+	"github.com/moby/sys/reexec"
 	"github.com/urfave/cli/v2"
 
 	"github.com/cocoonrt/cocoon/runtime/admin"
@@ -20,6 +21,9 @@ import (
 )
 
 func main() {
+	if reexec.Init() { // a network namespace holder
+		return
+	}
 	app := &cli.App{
 		Name:    "cocoon",
 		Usage:   "containers in microVMs: host checks and administration",

@@ -5,7 +5,14 @@ package main
 import (
 	"os"
 
+	"github.com/moby/sys/reexec"
+
 	"github.com/cocoonrt/cocoon/shim/manager"
 )
 
-func main() { os.Exit(manager.Main()) }
+func main() {
+	if reexec.Init() { // a sandbox's network namespace holder
+		return
+	}
+	os.Exit(manager.Main())
+}
