@@ -12,6 +12,7 @@ import (
 
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
+	"github.com/cocoonrt/cocoon/runtime/share"
 )
 
 // SandboxEntry is one sandbox found under the state directory.
@@ -103,7 +104,7 @@ func (e *Env) GC(ctx context.Context, w io.Writer) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := os.RemoveAll(s.Dir); err != nil {
+		if err := share.RemoveAll(s.Dir); err != nil {
 			errs = append(errs, err)
 			continue
 		}

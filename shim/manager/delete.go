@@ -6,16 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/log"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
+	"github.com/cocoonrt/cocoon/runtime/share"
 )
 
 // killedStatus is the exit status delete reports: the container's
@@ -47,7 +46,7 @@ func deleteAction(ctx context.Context, f flags, env Env) error {
 	default:
 		return err
 	}
-	if err := unmountAll(filepath.Join(bundle, "rootfs")); err != nil {
+	if err := share.UnmountAll(filepath.Join(bundle, "rootfs")); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount the bundle's rootfs")
 	}
 	data, err := proto.Marshal(&taskapi.DeleteResponse{ExitStatus: killedStatus, ExitedAt: timestamppb.Now()})
@@ -73,41 +72,9 @@ func cleanupSandbox(ctx context.Context, st bundleState) error {
 	if err := qemu.Cleanup(ctx, st.SandboxDir); err != nil {
 		return fmt.Errorf("stop the VM of sandbox %s: %w", st.SandboxID, err)
 	}
-	if err := unmountAll(st.SandboxDir); err != nil {
-		return fmt.Errorf("sandbox %s: %w", st.SandboxID, err)
-	}
-	if err := os.RemoveAll(st.SandboxDir); err != nil {
+	if err := share.RemoveAll(st.SandboxDir); err != nil {
 		return fmt.Errorf("remove the state of sandbox %s: %w", st.SandboxID, err)
 	}
 	removeSocket(st.Address)
 	return nil
-}
-
-// unmountAll detaches every mount at or below dir, deepest first.
-func unmountAll(dir string) error {
-	points, err := mountsUnder(dir)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, p := range points {
-		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// mountsUnder lists the mount points at or below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	infos, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(dir)))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(infos))
-	for _, m := range infos {
-		out = append(out, m.Mountpoint)
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, nil
 }
