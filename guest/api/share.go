@@ -1,0 +1,15 @@
+package api
+
+// The directory a sandbox shares with its guest through virtio-fs. The
+// host exports one directory per sandbox under ShareTag, and writes each
+// bind mount of a container's spec as a bind mount whose source is under
+// ShareRoot; the agent mounts the share at ShareRoot the first time a
+// container needs it.
+const (
+	// ShareTag is the virtio-fs tag of the shared directory: what the
+	// guest names in mount -t virtiofs <tag>.
+	ShareTag = "cocoon-shared"
+	// ShareRoot is where the guest mounts the shared directory, the
+	// root of every bind mount source the host translated.
+	ShareRoot = "/run/cocoon/shared"
+)
