@@ -51,6 +51,13 @@ type Spec struct {
 	// machine a saved state needs: a restore gets as many, with backends
 	// of its own.
 	NICs []NIC
+	// Share, if set, exports a host directory to the guest through
+	// virtio-fs: one file server per sandbox, started before the VM and
+	// ended with it. A VM with a share cannot be saved (Snapshotter.Save
+	// refuses it with errdefs.ErrNotImplemented) nor restored into, and
+	// its RAM must be shareable with the file server: anonymous RAM, or
+	// a shared MemoryFile.
+	Share *Share
 	// Restore, if set, makes Launch bring back a state saved by
 	// Snapshotter.Save instead of booting the kernel. The other fields
 	// must describe the guest as it was launched when it was saved
@@ -72,6 +79,20 @@ type NIC struct {
 	MAC net.HardwareAddr
 	// MTU is told to the guest; 0 leaves the default.
 	MTU int
+}
+
+// Share is a host directory the guest mounts with mount -t virtiofs.
+type Share struct {
+	// Tag is the name the guest mounts it by: 1 to 36 bytes of
+	// [A-Za-z0-9._-].
+	Tag string
+	// Dir is the host directory, absolute. Mounts made under it after
+	// launch reach the guest when Dir is a shared mount (the caller
+	// makes it one: mount --make-shared): the file server's copy of the
+	// host's mounts is their slave. Each mount under Dir is a mount of
+	// its own in the guest too, with its own device number, so that
+	// inode numbers of different host filesystems never collide.
+	Dir string
 }
 
 // MemoryFile is guest RAM backed by a file of Spec.MemoryMiB bytes.
