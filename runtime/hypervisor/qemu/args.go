@@ -126,7 +126,8 @@ func commandLine(p launchParams) []string {
 	args := []string{
 		"-M", strings.Join(machine, ","),
 	}
-	if m := s.Memory; m != nil {
+	switch m := s.Memory; {
+	case m != nil:
 		share := "off"
 		if m.Shared {
 			share = "on"
@@ -135,8 +136,23 @@ func commandLine(p launchParams) []string {
 		// must be writable, and MAP_PRIVATE never writes the file.
 		args = append(args, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
 			memoryBackendID, s.MemoryMiB, optValue(m.Path), share))
-	} else {
+	case s.Share != nil:
+		// virtiofsd reads and writes the guest's buffers in place:
+		// vhost-user hands it guest RAM as descriptors to map, which
+		// needs RAM in a shareable memfd rather than anonymous memory.
+		args = append(args, "-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", memoryBackendID, s.MemoryMiB))
+	default:
 		args = append(args, "-object", fmt.Sprintf("memory-backend-ram,id=%s,size=%dM", memoryBackendID, s.MemoryMiB))
+	}
+	if s.Share != nil {
+		// microvm's virtio-mmio transports are legacy (virtio 0.9.5)
+		// by default, and virtiofsd (libvhost-user) serves virtio 1.0
+		// devices only: "virtio legacy devices aren't supported by
+		// libvhost-user", and the guest's requests hang. The setting
+		// is the transports', so every device of the guest is a
+		// virtio 1.0 one then; a guest without a share keeps the
+		// machine its saved states were made on.
+		args = append(args, "-global", "virtio-mmio.force-legacy=false")
 	}
 	switch s.Accel {
 	case hypervisor.AccelKVM:
@@ -191,10 +207,14 @@ func commandLine(p launchParams) []string {
 			"-device", port,
 		)
 	}
-	// The NICs (see nicArgs) come after every other device: microvm
-	// hands out virtio-mmio transports in the order of -device, so the
-	// other devices keep the transports they had before there were
-	// NICs, where the states saved then expect them.
+	// The share, then the NICs (see nicArgs), come after every other
+	// device: microvm hands out virtio-mmio transports in the order of
+	// -device, so the other devices keep the transports they had before
+	// there were shares and NICs, where the states saved then expect
+	// them.
+	if sh := s.Share; sh != nil {
+		args = append(args, shareArgs(*sh)...)
+	}
 	for i, n := range s.NICs {
 		args = append(args, nicArgs(n, p.nics[i])...)
 	}

@@ -19,10 +19,10 @@ const (
 	cleanupKillWait = 5 * time.Second
 )
 
-// Cleanup ends the QEMU of stateDir, if one still runs, and removes its
-// sockets and pid file, keeping console.log. It needs nothing but the state
-// dir, for a `shim delete` after the shim that launched the VM died: QEMU is
-// then no longer its child.
+// Cleanup ends the QEMU of stateDir, if one still runs, then its virtiofsd,
+// and removes their sockets and pid files, keeping the logs. It needs
+// nothing but the state dir, for a `shim delete` after the shim that
+// launched the VM died: QEMU is then no longer its child.
 //
 // The pid comes from the pid file, or, if that is missing (a shim killed
 // between starting QEMU and writing it), from a scan of /proc. A pid is only
@@ -40,6 +40,10 @@ func Cleanup(ctx context.Context, stateDir string) error {
 		if err := killQEMU(lg, pid, stateDir); err != nil {
 			return err
 		}
+	}
+	// After QEMU, whose going away ends the daemon by itself.
+	if err := cleanupVirtiofsd(ctx, lg, stateDir); err != nil {
+		return err
 	}
 	return removeFiles(lg,
 		filepath.Join(stateDir, QMPSocketName),

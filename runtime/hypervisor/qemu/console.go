@@ -103,11 +103,12 @@ func printable(b []byte) string {
 }
 
 // cappedLog writes the console to a file up to a byte limit, then ends it
-// with consoleTruncated and drops the rest. Only the console pump writes to
-// it, so it needs no lock.
+// with note (consoleTruncated if empty) and drops the rest. Only its pump
+// writes to it, so it needs no lock.
 type cappedLog struct {
 	f       *os.File
 	limit   int64
+	note    string
 	written int64
 	full    bool
 }
@@ -116,7 +117,11 @@ func (l *cappedLog) Write(p []byte) (int, error) {
 	if l.full {
 		return len(p), nil
 	}
-	room := l.limit - int64(len(consoleTruncated)) - l.written
+	note := l.note
+	if note == "" {
+		note = consoleTruncated
+	}
+	room := l.limit - int64(len(note)) - l.written
 	if int64(len(p)) <= room {
 		n, err := l.f.Write(p)
 		l.written += int64(n)
@@ -126,7 +131,7 @@ func (l *cappedLog) Write(p []byte) (int, error) {
 	if room > 0 {
 		l.f.Write(p[:room])
 	}
-	_, err := l.f.WriteString(consoleTruncated)
+	_, err := l.f.WriteString(note)
 	return len(p), err
 }
 

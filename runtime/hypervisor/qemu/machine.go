@@ -15,8 +15,12 @@ func machineOf(spec hypervisor.Spec, v qmp.Version) hypervisor.Machine {
 		agent = "agent:vhost-vsock"
 	}
 	devices := []string{"virtio-rng", "virtio-scsi:" + SCSIControllerID, agent}
-	// The NICs come last, as on the command line: a guest without NICs
-	// keeps the list, and so the template keys, it had before them.
+	// The share and the NICs come last, as on the command line: a guest
+	// without them keeps the list, and so the template keys, it had
+	// before them.
+	if sh := spec.Share; sh != nil {
+		devices = append(devices, "virtio-fs:"+sh.Tag)
+	}
 	for _, n := range spec.NICs {
 		devices = append(devices, "virtio-net:"+n.ID)
 	}

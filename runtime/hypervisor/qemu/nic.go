@@ -202,6 +202,10 @@ func checkTransports(spec hypervisor.Spec) error {
 		return nil
 	}
 	others := devices - len(spec.NICs)
-	return fmt.Errorf("%w: %d nics: microvm has %d virtio-mmio transports and the guest's rng, scsi controller and agent channel take %d, which leaves %d",
-		errdefs.ErrInvalidArgument, len(spec.NICs), microvmTransports, others, microvmTransports-others)
+	what := "rng, scsi controller and agent channel"
+	if spec.Share != nil {
+		what = "rng, scsi controller, agent channel and shared directory"
+	}
+	return fmt.Errorf("%w: %d nics: microvm has %d virtio-mmio transports and the guest's %s take %d, which leaves %d",
+		errdefs.ErrInvalidArgument, len(spec.NICs), microvmTransports, what, others, microvmTransports-others)
 }

@@ -7,9 +7,10 @@
 // process again through the pid file with Cleanup.
 //
 // Files in the state dir: qmp.sock, agent.sock (serial channel), qemu.pid
-// and console.log. Stop and Cleanup remove all but console.log, which is
+// and console.log; with a share, virtiofs.sock, virtiofsd.pid and
+// virtiofsd.log too. Stop and Cleanup remove all but the logs, which are
 // bounded and kept for post-mortems until the state dir's owner removes the
-// directory. A failed Launch removes all four. QEMU runs in the state dir
+// directory. A failed Launch removes them all. QEMU runs in the state dir
 // and binds its sockets there by name, so no socket path depends on how
 // long the state dir's path is, and nothing lives outside it.
 package qemu
@@ -49,6 +50,10 @@ type Config struct {
 	// TBSizeMiB is TCG's translation cache size in MiB; 0 means
 	// DefaultTBSizeMiB. Ignored under KVM.
 	TBSizeMiB int
+	// Virtiofsd is the file server of Spec.Share, a path or a name
+	// looked up on PATH; empty means DefaultVirtiofsd. Only a spec with
+	// a share needs it.
+	Virtiofsd string
 }
 
 // Driver launches guests with QEMU.
@@ -71,6 +76,9 @@ func New(cfg Config) *Driver {
 	}
 	if cfg.TBSizeMiB <= 0 {
 		cfg.TBSizeMiB = DefaultTBSizeMiB
+	}
+	if cfg.Virtiofsd == "" {
+		cfg.Virtiofsd = DefaultVirtiofsd
 	}
 	return &Driver{cfg: cfg, tsc: localTSC(), nextCID: randomCID, vhostNet: DefaultVhostNetDevice}
 }
@@ -104,7 +112,14 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	if err != nil {
 		return nil, fmt.Errorf("qemu binary %q: %w", d.cfg.Binary, errors.Join(errdefs.ErrNotFound, err))
 	}
-	if err := clearStaleState(spec.StateDir); err != nil {
+	var fsBin string
+	if spec.Share != nil {
+		if fsBin, err = exec.LookPath(d.cfg.Virtiofsd); err != nil {
+			return nil, fmt.Errorf("virtiofsd %q, needed to share host directories (Debian package qemu-system-common): %w",
+				d.cfg.Virtiofsd, errors.Join(errdefs.ErrNotFound, err))
+		}
+	}
+	if err := clearStaleState(ctx, lg, spec.StateDir); err != nil {
 		return nil, err
 	}
 
@@ -143,6 +158,27 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	defer func() { closeFiles(vhostNet) }()
 	extra, nics := inheritedFiles(vsock, spec.NICs, vhostNet)
 	p.nics = nics
+
+	// The file server first: QEMU connects to it while it builds the
+	// machine, and waits for its answers before it serves QMP.
+	var fs *virtiofsd
+	if spec.Share != nil {
+		if fs, err = startVirtiofsd(lg, fsBin, spec); err != nil {
+			return nil, err
+		}
+		// Runs after QEMU is killed (deferred below), whose going
+		// away ends the daemon.
+		defer func() {
+			if retErr != nil {
+				if why := fs.failure(virtiofsdFailWait); why != nil {
+					retErr = fmt.Errorf("%w: %w", why, retErr)
+				}
+				fs.stop(context.WithoutCancel(ctx))
+				// As console.log: its tail is in the error.
+				removeFiles(lg, p.path(VirtiofsdLogName))
+			}
+		}()
+	}
 
 	// Undo what was made if anything below fails.
 	var made []string
@@ -213,6 +249,7 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		ioDone:    make(chan struct{}),
 		stopSem:   make(chan struct{}, 1),
 		qmpClosed: make(chan struct{}),
+		fs:        fs,
 	}
 	if spec.Channel == channel.Vsock {
 		v.endpoint = channel.Endpoint{Kind: channel.Vsock, CID: p.cid, Port: channel.VsockPort}
@@ -252,6 +289,7 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		"channel":      v.endpoint.String(),
 		"nics":         len(spec.NICs),
 		"vhost_net":    withVhostNet,
+		"share":        spec.Share != nil,
 		"qmp_ready_ms": qmpReady.Milliseconds(),
 		"restored":     spec.Restore != nil,
 		"started_ms":   time.Since(started).Milliseconds(),
@@ -312,6 +350,9 @@ func validateSpec(s hypervisor.Spec) error {
 		}
 	}
 	if err := validateNICs(s.NICs); err != nil {
+		return err
+	}
+	if err := validateShare(s); err != nil {
 		return err
 	}
 	if err := checkTransports(s); err != nil {
@@ -387,11 +428,14 @@ func checkKernelFormat(path string) error {
 }
 
 // clearStaleState refuses a state dir whose QEMU still runs and removes the
-// leftovers of one that is gone.
-func clearStaleState(stateDir string) error {
+// leftovers of one that is gone, ending a virtiofsd left without its QEMU.
+func clearStaleState(ctx context.Context, lg *log.Entry, stateDir string) error {
 	pid, err := readPIDFile(filepath.Join(stateDir, PIDFileName))
 	if err == nil && isOurQEMU(pid, stateDir) {
 		return fmt.Errorf("%w: qemu pid %d still runs for %s; stop it or run Cleanup first", errdefs.ErrAlreadyExists, pid, stateDir)
+	}
+	if err := cleanupVirtiofsd(ctx, lg, stateDir); err != nil {
+		return fmt.Errorf("stale virtiofsd: %w", err)
 	}
 	for _, name := range []string{QMPSocketName, AgentSocketName, PIDFileName} {
 		if err := os.Remove(filepath.Join(stateDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {

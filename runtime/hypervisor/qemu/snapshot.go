@@ -70,12 +70,17 @@ func (v *VM) Resume(ctx context.Context) error {
 }
 
 // Save writes the paused guest's state to w (see hypervisor.Snapshotter)
-// and returns the disks attached, read from QEMU. A running guest is
-// refused: a state taken while vCPUs run would not match the disks the
+// and returns the disks attached, read from QEMU. A guest with a share is
+// refused with errdefs.ErrNotImplemented; a running guest is refused: a state taken while vCPUs run would not match the disks the
 // caller copies. On error, or when ctx ends, the migration is cancelled
 // and the guest stays paused; what was written to w is incomplete.
 func (v *VM) Save(ctx context.Context, w *os.File) (_ hypervisor.SavedState, retErr error) {
 	start := time.Now()
+	if v.fs != nil {
+		// QEMU 7.2's vhost-user-fs-device is unmigratable: the
+		// guest's open files live in virtiofsd, outside the state.
+		return hypervisor.SavedState{}, fmt.Errorf("%w: save vm: the sandbox shares host directories with its guest (virtio-fs), and a vm with shared directories cannot be checkpointed", errdefs.ErrNotImplemented)
+	}
 	st, err := v.qmp.QueryStatus(ctx)
 	if err != nil {
 		return hypervisor.SavedState{}, v.vmError(err, "save vm")

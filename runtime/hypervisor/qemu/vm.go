@@ -48,6 +48,8 @@ type VM struct {
 	machine hypervisor.Machine
 	// memory is Spec.Memory: guest RAM in a file, or nil.
 	memory *hypervisor.MemoryFile
+	// fs serves Spec.Share; nil without one. Stop ends it after QEMU.
+	fs *virtiofsd
 
 	console *ring // last 64 KiB of the guest console
 	stderr  *ring // last 16 KiB of QEMU's stderr
@@ -267,8 +269,8 @@ func (v *VM) kill() {
 	}
 }
 
-// Stop ends QEMU if it still runs and removes the sockets and pid file,
-// keeping console.log. It asks QEMU to quit over QMP (the guest is not
+// Stop ends QEMU if it still runs, then the share's virtiofsd, and removes
+// the sockets and pid files, keeping the logs. It asks QEMU to quit over QMP (the guest is not
 // told: the sandbox has already asked the agent to shut down), then sends
 // SIGTERM, then SIGKILL. Without a deadline on ctx quit and SIGTERM get 2 s
 // each; with one, quit gets up to half of the time left and SIGTERM up to
@@ -283,6 +285,9 @@ func (v *VM) Stop(ctx context.Context) error {
 	}
 	defer func() { <-v.stopSem }()
 
+	if v.fs != nil {
+		v.fs.expectExit()
+	}
 	if err := v.terminate(ctx); err != nil {
 		return err
 	}
@@ -296,11 +301,15 @@ func (v *VM) Stop(ctx context.Context) error {
 	case <-time.After(ioDrainWait):
 		v.log.Warn("qemu console pipes still open after exit")
 	}
-	return removeFiles(v.log,
+	err := removeFiles(v.log,
 		filepath.Join(v.stateDir, QMPSocketName),
 		filepath.Join(v.stateDir, AgentSocketName),
 		filepath.Join(v.stateDir, PIDFileName),
 	)
+	if v.fs != nil {
+		err = errors.Join(err, v.fs.stop(ctx))
+	}
+	return err
 }
 
 // terminate escalates until QEMU has exited.
