@@ -70,6 +70,7 @@ func (e *Env) Check(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "containerd: %s\n", containerdStatus(ctx))
 	fmt.Fprintf(w, "template: %s\n", e.templateStatus())
 	fmt.Fprintf(w, "networking: %s\n", networkStatus(accel))
+	fmt.Fprintf(w, "virtio-fs: %s\n", virtiofsStatus(ctx, cfg.Hypervisor.Virtiofsd))
 
 	fmt.Fprintf(w, "booting a throwaway vm (%d vcpu, %d MiB)...\n", cfg.Hypervisor.VCPUs, cfg.Hypervisor.MemoryMiB)
 	sb, err := e.StartSandbox(ctx, "check")
@@ -108,6 +109,24 @@ func networkStatus(accel hypervisor.Accel) string {
 		f.Close()
 		return s + "; vhost-net ok"
 	}
+}
+
+// virtiofsStatus says whether the virtio-fs file server is there and
+// runs. Only sandboxes that share host directories need it, so it is
+// reported, not required.
+func virtiofsStatus(ctx context.Context, path string) string {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%s: %v: containers with bind mounts cannot run (apt-get install qemu-system-common)", path, err)
+	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+		return fmt.Sprintf("%s is not an executable file: containers with bind mounts cannot run", path)
+	}
+	v, err := commandFirstLine(ctx, path, "--version")
+	if err != nil {
+		return fmt.Sprintf("%s does not run (%v): containers with bind mounts cannot run", path, err)
+	}
+	return fmt.Sprintf("%s ok (%s)", path, v)
 }
 
 func orNone(s string) string {

@@ -61,7 +61,7 @@ func (e *Env) sandboxOptions(id string) (sandbox.Options, error) {
 		Namespace:   Namespace,
 		ID:          id,
 		Config:      e.Config,
-		Driver:      qemu.New(qemu.Config{Binary: e.Config.Hypervisor.Path}),
+		Driver:      qemu.New(qemu.Config{Binary: e.Config.Hypervisor.Path, Virtiofsd: e.Config.Hypervisor.Virtiofsd}),
 		Image:       img,
 		AccelHost:   e.AccelHost,
 		ChannelHost: e.ChannelHost,

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -88,6 +89,10 @@ type Hypervisor struct {
 	Driver string `toml:"driver"`
 	// Path is the VMM binary.
 	Path string `toml:"path"`
+	// Virtiofsd is the virtio-fs file server that shares host
+	// directories (containers' bind mounts) with a guest; only
+	// sandboxes that share directories run it.
+	Virtiofsd string `toml:"virtiofsd"`
 	// Accel is "auto" (KVM when the host has hardware virtualization,
 	// else TCG), "kvm" or "tcg".
 	Accel string `toml:"accel"`
@@ -178,6 +183,7 @@ func Default() Config {
 		Hypervisor: Hypervisor{
 			Driver:    "qemu",
 			Path:      "/usr/bin/qemu-system-x86_64",
+			Virtiofsd: "/usr/lib/qemu/virtiofsd",
 			Accel:     "auto",
 			Channel:   "auto",
 			VCPUs:     1,
@@ -293,6 +299,9 @@ func (c Config) Validate() error {
 	}
 	if h.Path == "" {
 		bad("hypervisor.path is empty")
+	}
+	if !filepath.IsAbs(h.Virtiofsd) {
+		bad("hypervisor.virtiofsd = %q: want an absolute path", h.Virtiofsd)
 	}
 	switch h.Accel {
 	case "auto", "kvm", "tcg":

@@ -107,6 +107,32 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestVirtiofsd: the file server has a default, the file sets it, and a
+// relative path is refused.
+func TestVirtiofsd(t *testing.T) {
+	if got := Default().Hypervisor.Virtiofsd; got != "/usr/lib/qemu/virtiofsd" {
+		t.Errorf("default virtiofsd %q", got)
+	}
+	p := filepath.Join(t.TempDir(), "config.toml")
+	os.WriteFile(p, []byte("[hypervisor]\nvirtiofsd = \"/opt/qemu/libexec/virtiofsd\"\n"), 0o644)
+	c, err := Load(p, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Hypervisor.Virtiofsd != "/opt/qemu/libexec/virtiofsd" {
+		t.Errorf("file did not set virtiofsd: %q", c.Hypervisor.Virtiofsd)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("absolute virtiofsd: %v", err)
+	}
+	for _, v := range []string{"", "virtiofsd"} {
+		c.Hypervisor.Virtiofsd = v
+		if err := c.Validate(); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "hypervisor.virtiofsd") {
+			t.Errorf("virtiofsd %q: %v", v, err)
+		}
+	}
+}
+
 func TestValidateCopyBack(t *testing.T) {
 	for _, tc := range []struct {
 		name string
