@@ -126,6 +126,34 @@ func (s *bundleSpec) mountDestinations() ([]string, error) {
 	return out, nil
 }
 
+// bindMount is a bind mount of a spec, as the agent reads it.
+type bindMount struct {
+	Destination string
+	Source      string
+}
+
+// bindMounts are the spec's bind mounts: type "bind", or a "bind" or
+// "rbind" option (with type "none" or none at all), as the OCI runtime
+// takes them.
+func (s *bundleSpec) bindMounts() ([]bindMount, error) {
+	var mounts []struct {
+		Destination string   `json:"destination"`
+		Type        string   `json:"type"`
+		Source      string   `json:"source"`
+		Options     []string `json:"options"`
+	}
+	if err := rawObject(s.doc).get("mounts", &mounts); err != nil {
+		return nil, err
+	}
+	var out []bindMount
+	for _, m := range mounts {
+		if m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+			out = append(out, bindMount{Destination: m.Destination, Source: m.Source})
+		}
+	}
+	return out, nil
+}
+
 // marshal encodes the spec with root.path set to root (readonly as the
 // host asked), and the decoded fields the agent may have changed.
 func (s *bundleSpec) marshal(root string) ([]byte, error) {

@@ -536,6 +536,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 		return nil, err
 	}
 	undo.push(cio.abort)
+	// Before any disk is awaited: bind mounts of host directories need
+	// the host's share, and a broken one fails the create at once.
+	if err := s.share.prepare(ctx, id, spec); err != nil {
+		return nil, err
+	}
 
 	dir := filepath.Join(cs.dir, id)
 	if err := os.MkdirAll(cs.dir, 0o711); err != nil {

@@ -25,7 +25,10 @@
 // Each container's root filesystem is assembled from the disks the host
 // hot-plugged (DiskRootfs): EROFS layers and an ext4 scratch disk joined
 // by overlayfs under Config.ContainerDir/<id>. Statistics, pids and OOM
-// kills are read from the container's cgroup v2 directory.
+// kills are read from the container's cgroup v2 directory. A container's
+// bind mounts of host directories come as bind mounts whose sources are
+// under api.ShareRoot, where the agent mounts the host's virtio-fs share
+// (tag api.ShareTag, nodev, nosuid) the first time one needs it.
 package agent
 
 // Version is cocoon-agent's version, set at build time with

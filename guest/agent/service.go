@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,6 +110,13 @@ type Config struct {
 	// Freezer freezes the containers' scratch disks for a snapshot; nil
 	// means the kernel's (LinuxFreezer).
 	Freezer Freezer
+	// ShareRoot is where the directory the host shares is mounted,
+	// and under which the host puts the sources of the bind mounts it
+	// translated; empty means api.ShareRoot.
+	ShareRoot string
+	// Share mounts that directory the first time a container needs it;
+	// nil means virtio-fs (VirtiofsShare).
+	Share ShareMounter
 }
 
 // Service implements api.AgentService.
@@ -128,6 +136,8 @@ type Service struct {
 	freeze *fsFreeze
 	// net is what ConfigureNetwork keeps between calls.
 	net netState
+	// share is the host's shared directory, mounted when first needed.
+	share *sharedDir
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
@@ -157,6 +167,15 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Freezer == nil {
 		cfg.Freezer = LinuxFreezer{}
 	}
+	if cfg.ShareRoot == "" {
+		cfg.ShareRoot = api.ShareRoot
+	}
+	if cfg.Share == nil {
+		cfg.Share = VirtiofsShare{}
+	}
+	if !filepath.IsAbs(cfg.ShareRoot) || filepath.Clean(cfg.ShareRoot) != cfg.ShareRoot || cfg.ShareRoot == "/" {
+		return nil, fmt.Errorf("agent config: share root %q is not a clean absolute path below /: %w", cfg.ShareRoot, errdefs.ErrInvalidArgument)
+	}
 	setContainerDefaults(&cfg)
 	var uts unix.Utsname
 	release := "unknown"
@@ -171,6 +190,7 @@ func New(cfg Config) (*Service, error) {
 		procs:      make(map[string]*process),
 		containers: newContainerSet(cfg),
 		freeze:     &fsFreeze{fz: cfg.Freezer},
+		share:      newSharedDir(cfg),
 	}, nil
 }
 
