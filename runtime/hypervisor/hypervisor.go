@@ -87,11 +87,12 @@ type Share struct {
 	// [A-Za-z0-9._-].
 	Tag string
 	// Dir is the host directory, absolute. Mounts made under it after
-	// launch reach the guest when Dir is a shared mount (the caller
-	// makes it one: mount --make-shared): the file server's copy of the
-	// host's mounts is their slave. Each mount under Dir is a mount of
-	// its own in the guest too, with its own device number, so that
-	// inode numbers of different host filesystems never collide.
+	// launch reach the guest when Dir receives mount propagation (a
+	// shared mount, or a slave of one: the caller makes it so): the
+	// file server's copy of the host's mounts is their slave. Each
+	// mount under Dir is a mount of its own in the guest too, with its
+	// own device number, so that inode numbers of different host
+	// filesystems never collide.
 	Dir string
 }
 
