@@ -70,15 +70,20 @@ install: build guest
 	install -m 0644 $(GUEST_DIR)/vmlinux $(GUEST_DIR)/initrd.img $(GUEST_DIR)/manifest.json $(SHARE_DIR)/
 	$(if $(INSTALL_TEMPLATE),$(PREFIX)/bin/cocoon template create)
 
-# Installs what is missing, nothing else: safe to run again.
+# $(call apt-install-missing,PACKAGES): a recipe that installs those of the
+# Debian PACKAGES that are not installed, nothing else: safe to run again.
+define apt-install-missing
+@missing=""; for p in $(1); do \
+	dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+done; \
+if [ -n "$$missing" ]; then \
+	echo "installing:$$missing"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+fi
+endef
+
 deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
-		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+	$(call apt-install-missing,$(DEB_PACKAGES))
 
 # Runs `uname -r` in a microVM through containerd: the host's containerd
 # if one runs (namespace cocoon-demo, removed after), else a private
@@ -87,17 +92,27 @@ demo: deps install
 	$(GO) run ./integration/demo
 
 # containerd versions the integration tests drive besides Debian's 1.6,
-# built from the Go module proxy into $(TEST_TOOLS), and a small Debian
-# root with sudo for the exec-user tests (integration/debian-image.sh).
+# and the nerdctl they drive containers with, built from the Go module
+# proxy into $(TEST_TOOLS) (each kept until its version changes), and a
+# small Debian root with sudo for the exec-user tests
+# (integration/debian-image.sh).
 TEST_TOOLS ?= /opt/cocoon-test
 CONTAINERD_17 ?= v1.7.30
 CONTAINERD_24 ?= v2.4.2
+NERDCTL ?= v1.7.7
+# Debian packages the tests need and the product does not: the CNI plugins
+# nerdctl runs (into /usr/lib/cni), the iptables their bridge, portmap and
+# firewall plugins call (Debian 12's default iptables-nft: the kernel has
+# nf_tables and the xt matches they use), iperf3 for the network benchmark.
+TEST_DEB_PACKAGES := containernetworking-plugins iptables iperf3
 
 test: deps test-deps build guest test-unit test-integration
 
 test-deps:
+	$(call apt-install-missing,$(TEST_DEB_PACKAGES))
 	bash integration/install-containerd.sh $(CONTAINERD_17) $(TEST_TOOLS)/containerd-1.7
 	bash integration/install-containerd.sh $(CONTAINERD_24) $(TEST_TOOLS)/containerd-2.4
+	bash integration/install-nerdctl.sh $(NERDCTL) $(TEST_TOOLS)/nerdctl-1.7
 	bash integration/debian-image.sh $(TEST_TOOLS)/images
 
 # The fuzz targets over what the guest sends, each run by test-unit for a
