@@ -53,22 +53,26 @@ var standardDevices = map[string]standardDevice{
 //     running without a network, pid or ipc namespace (--net=host,
 //     --pid=host, --ipc=host): the host's namespaces are outside the VM.
 //     errdefs.ErrNotImplemented.
-//   - bind mounts of host paths (until volumes arrive through virtio-fs)
-//     and mounts of anything but kernel filesystems. ErrNotImplemented.
+//   - Bind mounts of host paths point at the sandbox's share in the
+//     guest (BindGuestPath): the host binds each source there and the
+//     share reaches the guest through virtio-fs. A relative source is
+//     refused (ErrInvalidArgument).
+//   - The hooks that run in the runtime's namespace (prestart,
+//     createRuntime, createContainer, poststart, poststop) are dropped:
+//     their binaries are on the host, and the shim runs them there.
+//     startContainer hooks run inside the container and are kept.
 //   - devices other than the standard ones runc creates itself: the VM
 //     has only its own devices. ErrNotImplemented.
-//   - hooks that run in the runtime's namespace (prestart, createRuntime,
-//     createContainer, poststart, poststop): their binaries are on the
-//     host and would be looked for in the guest. A caller that runs such
-//     hooks on the host removes them from the spec before calling
-//     GuestSpec. startContainer hooks run inside the container and are
-//     kept. ErrNotImplemented.
+//   - mounts of anything but kernel filesystems and bind mounts.
+//     ErrNotImplemented.
 //   - per-device block I/O limits, RDMA limits, net_cls/net_prio, Intel
 //     RDT and network devices to move into the container: they name host
 //     devices or host-only controllers. ErrNotImplemented.
 //   - a spec without process or linux section, or for another platform
 //     (windows, solaris, vm). ErrInvalidArgument or ErrNotImplemented.
-func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
+//
+// containerID names the container's binds in the share.
+func GuestSpec(host *specs.Spec, containerID string) (*specs.Spec, error) {
 	if host == nil {
 		return nil, fmt.Errorf("no spec: %w", errdefs.ErrInvalidArgument)
 	}
@@ -104,7 +108,7 @@ func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
 		g.Linux.CgroupsPath = ""
 		g.Linux.MountLabel = ""
 		checkNamespaces(g.Linux.Namespaces, fail)
-		g.Linux.Namespaces = withoutJoinedNetwork(g.Linux.Namespaces)
+		g.Linux.Namespaces = withoutMirroredNetwork(&g)
 		checkDevices(g.Linux.Devices, fail)
 		checkResources(g.Linux.Resources, fail)
 		if g.Linux.IntelRdt != nil {
@@ -115,9 +119,8 @@ func GuestSpec(host *specs.Spec) (*specs.Spec, error) {
 		}
 	}
 	checkMounts(g.Mounts, fail)
-	if g.Hooks != nil {
-		checkHooks(g.Hooks, fail)
-	}
+	translateBinds(&g, containerID, fail)
+	dropHostHooks(&g)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("the container cannot run in a Cocoon VM: %w", errors.Join(errs...))
 	}
@@ -188,17 +191,20 @@ func checkNamespaces(nss []specs.LinuxNamespace, fail failFunc) {
 	}
 }
 
-// withoutJoinedNetwork drops a network namespace that names a path: in
-// the guest the container runs in the VM's network namespace, where the
-// sandbox namespace's interfaces are. A network namespace without a path
-// stays: the container gets one of its own, with loopback only.
-func withoutJoinedNetwork(nss []specs.LinuxNamespace) []specs.LinuxNamespace {
-	out := make([]specs.LinuxNamespace, 0, len(nss))
-	for _, ns := range nss {
-		if ns.Type == specs.NetworkNamespace && ns.Path != "" {
-			continue
+// withoutMirroredNetwork drops the network namespace when the VM mirrors
+// the sandbox's host namespace (HostNetwork): in the guest the container
+// runs in the VM's network namespace, where that namespace's interfaces
+// are. Otherwise a network namespace stays: the container gets one of its
+// own in the guest, with loopback only.
+func withoutMirroredNetwork(spec *specs.Spec) []specs.LinuxNamespace {
+	if path, create := HostNetwork(spec); path == "" && !create {
+		return spec.Linux.Namespaces
+	}
+	out := make([]specs.LinuxNamespace, 0, len(spec.Linux.Namespaces))
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type != specs.NetworkNamespace {
+			out = append(out, ns)
 		}
-		out = append(out, ns)
 	}
 	return out
 }
@@ -207,24 +213,34 @@ func withoutJoinedNetwork(nss []specs.LinuxNamespace) []specs.LinuxNamespace {
 // sandbox's, whose interfaces the VM mirrors; "" when it makes a new one
 // or has none.
 func NetworkNamespace(spec *specs.Spec) string {
+	path, _ := HostNetwork(spec)
+	return path
+}
+
+// HostNetwork says which network namespace on the host the VM of spec's
+// sandbox mirrors: the one at path, which the spec joins (CNI's through
+// CRI, ctr --with-ns), or with create a new one that the shim makes. The
+// shim makes one for a spec that asks for a new network namespace and has
+// hooks on the host: those hooks (nerdctl's createRuntime, which runs
+// CNI; Docker's prestart) fill it before the VM boots, as they fill
+// runc's. Without such hooks nothing on the host would ever add to it,
+// and the container's own namespace in the guest is the same: loopback
+// only. Neither: the spec has no network namespace.
+func HostNetwork(spec *specs.Spec) (path string, create bool) {
 	if spec == nil || spec.Linux == nil {
-		return ""
+		return "", false
 	}
 	for _, ns := range spec.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {
-			return ns.Path
+			return ns.Path, ns.Path == "" && HasHostHooks(spec.Hooks)
 		}
 	}
-	return ""
+	return "", false
 }
 
 func checkMounts(mounts []specs.Mount, fail failFunc) {
 	for _, m := range mounts {
-		bind := m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
-		switch {
-		case bind:
-			fail(errdefs.ErrNotImplemented, "mount %s: bind mounts of host paths (%s) are not supported yet (volumes need virtio-fs)", m.Destination, m.Source)
-		case !slices.Contains(kernelFilesystems, m.Type):
+		if !isBind(m) && !slices.Contains(kernelFilesystems, m.Type) {
 			fail(errdefs.ErrNotImplemented, "mount %s: filesystem type %q from %s is not available in the VM (only kernel filesystems: %v)", m.Destination, m.Type, m.Source, kernelFilesystems)
 		}
 	}
@@ -258,22 +274,5 @@ func checkResources(r *specs.LinuxResources, fail failFunc) {
 	}
 	if r.Network != nil && (r.Network.ClassID != nil || len(r.Network.Priorities) > 0) {
 		fail(errdefs.ErrNotImplemented, "linux.resources.network: net_cls and net_prio are cgroup v1 controllers; the guest runs cgroup v2")
-	}
-}
-
-func checkHooks(h *specs.Hooks, fail failFunc) {
-	for _, kind := range []struct {
-		name  string
-		hooks []specs.Hook
-	}{
-		{"prestart", h.Prestart}, //nolint:staticcheck // deprecated in the spec, still written by some tools
-		{"createRuntime", h.CreateRuntime},
-		{"createContainer", h.CreateContainer},
-		{"poststart", h.Poststart},
-		{"poststop", h.Poststop},
-	} {
-		for i, hook := range kind.hooks {
-			fail(errdefs.ErrNotImplemented, "hooks.%s[%d]: %s runs in the runtime's namespace, which is the guest, where host binaries do not exist", kind.name, i, hook.Path)
-		}
 	}
 }
