@@ -51,6 +51,13 @@ type Spec struct {
 	// machine a saved state needs: a restore gets as many, with backends
 	// of its own.
 	NICs []NIC
+	// NetNS, if set, is the path of the network namespace the VMM runs
+	// in: the sandbox's, whose interfaces the NICs mirror. The VMM opens
+	// nothing of the network itself (its taps are given), but its pid is
+	// what containerd's clients see as the task's, and they look for the
+	// container's network at /proc/<pid>/ns/net (nerdctl inspect,
+	// --net container:<id>), as they do for runc's init.
+	NetNS string
 	// Share, if set, exports a host directory to the guest through
 	// virtio-fs: one file server per sandbox, started before the VM and
 	// ended with it. A VM with a share cannot be saved (Snapshotter.Save

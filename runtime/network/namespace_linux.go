@@ -295,3 +295,16 @@ func setLoopbackUp(path string) error {
 	}
 	return nil
 }
+
+// InNamespace runs fn on an OS thread that has entered the network
+// namespace at path, and returns its error. A process fn starts is in
+// that namespace (a child takes its namespaces from the thread that
+// forks it).
+func InNamespace(path string, fn func() error) error {
+	ns, err := openNetNamespace(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return onNamespaceThread(func() error { return netns.Set(ns) }, fn)
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu/qmp"
+	"github.com/cocoonrt/cocoon/runtime/network"
 )
 
 // DriverName is the driver's name in the configuration.
@@ -225,7 +226,11 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 	// No Pdeathsig: the guest must outlive a crashed shim.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	made = append(made, p.path(QMPSocketName), p.path(AgentSocketName))
-	err = cmd.Start()
+	if spec.NetNS != "" {
+		err = network.InNamespace(spec.NetNS, cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	stdoutW.Close()
 	stderrW.Close()
 	closeFiles(vhostNet)

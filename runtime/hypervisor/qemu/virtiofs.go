@@ -129,6 +129,11 @@ func validateShare(s hypervisor.Spec) error {
 //	no_flock            flock(2) likewise
 //	no_xattr            no extended attributes: a guest could otherwise
 //	                    set security.* and trusted.* ones on host files
+//	modcaps=-mknod      no device nodes: the guest kernel is not trusted
+//	                    to keep to the container's capabilities, and a
+//	                    device node it made in a read-write bind would be
+//	                    a device node on the host (FIFOs need no
+//	                    capability and still work)
 //	thread-pool-size=0  requests run on the queue's thread: one request
 //	                    queue, and no hand-off to workers to pay for
 func virtiofsdArgs(sh hypervisor.Share) []string {
@@ -141,6 +146,7 @@ func virtiofsdArgs(sh hypervisor.Share) []string {
 		"-o", "no_posix_lock",
 		"-o", "no_flock",
 		"-o", "no_xattr",
+		"-o", "modcaps=-mknod",
 		"--thread-pool-size=0",
 	}
 }

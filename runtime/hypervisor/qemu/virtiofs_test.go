@@ -88,6 +88,7 @@ func TestVirtiofsdArgs(t *testing.T) {
 		"-o", "no_posix_lock",
 		"-o", "no_flock",
 		"-o", "no_xattr",
+		"-o", "modcaps=-mknod",
 		"--thread-pool-size=0",
 	}
 	if !slices.Equal(got, want) {
