@@ -87,6 +87,11 @@ func (s *Sandbox) Checkpoint(ctx context.Context, o CheckpointOptions) (rep Chec
 		return rep, fmt.Errorf("checkpoint container %s: the sandbox also runs %s, and a checkpoint captures the whole VM: "+
 			"checkpointing one container of a pod is not supported: %w", ct.id, strings.Join(others, ", "), errdefs.ErrFailedPrecondition)
 	}
+	if s.host.share != nil {
+		// vhost-user-fs cannot be saved: QEMU marks it unmigratable, and
+		// the host directories are not the VM's to capture.
+		return rep, fmt.Errorf("checkpoint container %s: the sandbox shares host directories with the VM (bind mounts, through virtio-fs), which a checkpoint cannot capture: %w", ct.id, errdefs.ErrFailedPrecondition)
+	}
 	snap, ok := s.vm.(hypervisor.Snapshotter)
 	if !ok {
 		return rep, fmt.Errorf("checkpoint: the hypervisor driver cannot save a VM: %w", errdefs.ErrNotImplemented)

@@ -202,7 +202,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	if err := s.life.require("create container "+c.ID, PhaseReady); err != nil {
 		return nil, err
 	}
-	guest, err := oci.GuestSpec(c.Spec)
+	guest, err := oci.GuestSpec(c.Spec, c.ID)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
@@ -234,6 +234,9 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 		}
 	}()
 
+	if err := s.shareBinds(ctx, c); err != nil {
+		return nil, err
+	}
 	ct.rootfs, err = s.rootfs.Prepare(ctx, c.Rootfs, ct.dir)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: rootfs: %w", c.ID, err)
@@ -326,6 +329,9 @@ func (s *Sandbox) attach(ctx context.Context, a hypervisor.DiskAttacher, ct *con
 // failure the rootfs is kept, as the VM may still use it.
 func (s *Sandbox) releaseContainer(ctx context.Context, a hypervisor.DiskAttacher, ct *container) error {
 	var errs []error
+	if err := s.unshareBinds(ct.id); err != nil {
+		errs = append(errs, err)
+	}
 	var kept []string
 	for i := len(ct.disks) - 1; i >= 0; i-- {
 		if a == nil {

@@ -393,10 +393,17 @@ func TestSandboxCopyBackFailure(t *testing.T) {
 func TestSandboxContainerRefusedSpec(t *testing.T) {
 	s, vm, cache := containerSandbox(t, guestagent.Config{})
 	spec := hostSpec(false, "true")
-	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/srv/data"})
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/mnt", Type: "ext4", Source: "/dev/sdb1"})
 	_, err := s.CreateContainer(context.Background(), ContainerSpec{ID: "vol", Spec: spec})
-	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "mount /data") {
-		t.Fatalf("bind mount: %v", err)
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "mount /mnt") {
+		t.Fatalf("host filesystem: %v", err)
+	}
+	// A bind mount needs the sandbox's share, which this one lacks.
+	spec = hostSpec(false, "true")
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/data", Type: "bind", Source: "/srv/data"})
+	_, err = s.CreateContainer(context.Background(), ContainerSpec{ID: "vol", Spec: spec})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "without a share") {
+		t.Fatalf("bind mount without a share: %v", err)
 	}
 	if len(vm.take()) != 0 || len(cache.releasedDirs()) != 0 {
 		t.Fatal("a refused spec touched disks or the cache")

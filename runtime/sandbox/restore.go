@@ -101,7 +101,7 @@ func (r *restoring) verify(s *Sandbox) error {
 	if c.Spec == nil {
 		return fmt.Errorf("container %s: no spec: %w", c.ID, errdefs.ErrInvalidArgument)
 	}
-	if _, err := oci.GuestSpec(c.Spec); err != nil {
+	if _, err := oci.GuestSpec(c.Spec, c.ID); err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	if s.rootfs == nil {

@@ -26,7 +26,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/image"
-	"github.com/cocoonrt/cocoon/runtime/network"
+	"github.com/cocoonrt/cocoon/runtime/share"
 	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
@@ -96,6 +96,26 @@ type Options struct {
 	// VM mirrors (the container's or pod's, made by CNI or Docker); ""
 	// for none: the guest has loopback only.
 	NetNS string
+	// NewNetNS makes a network namespace on the host for the sandbox,
+	// which the VM mirrors (oci.HostNetwork's create); NetNS is then "".
+	// It is bind-mounted in the state directory and removed with it.
+	NewNetNS bool
+	// HoldNetNS keeps a process in the namespace joined (NetNS) whose
+	// pid OCI hooks get (HookPID); a namespace made is always held.
+	HoldNetNS bool
+	// BeforeNetwork, if set, runs once the namespace is made and held,
+	// before its interfaces are read: the first container's prestart,
+	// createRuntime and createContainer hooks, which fill it. Its error
+	// ends the start.
+	BeforeNetwork func(ctx context.Context, hookPID int) error
+	// UndoNetwork, if set, runs when the start fails after BeforeNetwork
+	// ran, before anything is torn down: the poststop hooks, which undo
+	// what the hooks did (CNI's DEL) while the namespace is there.
+	UndoNetwork func(ctx context.Context, hookPID int)
+	// Share gives the VM a virtio-fs share for its containers' bind
+	// mounts. A container with bind mounts in a sandbox without one is
+	// refused.
+	Share bool
 
 	// memory is the RAM file of a template's own VM (MakeTemplate),
 	// which is not watched: its agent session is ended before the save.
@@ -163,8 +183,10 @@ type Sandbox struct {
 	// its boot left. created is set by the first CreateContainer.
 	startDeadline time.Time
 	created       atomic.Bool
-	// net is the plumbing of Options.NetNS; nil without one.
-	net *network.Plumbed
+	// host is what the sandbox keeps on the host besides its VM
+	// (hostside.go); netns the path of the namespace its VM mirrors.
+	host  hostSide
+	netns string
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -235,6 +257,9 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	}
 	defer func() {
 		if retErr != nil {
+			if s.host.beforeRan && o.UndoNetwork != nil {
+				o.UndoNetwork(context.WithoutCancel(ctx), s.HookPID())
+			}
 			close(s.watchDone)
 			_ = s.Stop(context.WithoutCancel(ctx))
 		}
@@ -249,13 +274,8 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	s.startDeadline, _ = startCtx.Deadline()
 	spec := s.spec
 	spec.Memory = o.memory
-	if o.NetNS != "" {
-		if s.net, err = network.Plumb(o.NetNS); err != nil {
-			return nil, err
-		}
-		for i, iface := range s.net.Config.Interfaces {
-			spec.NICs = append(spec.NICs, hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: s.net.Taps[i], MAC: iface.MAC, MTU: iface.MTU})
-		}
+	if err := s.setUpHost(startCtx, o, &spec); err != nil {
+		return nil, err
 	}
 	if clone != nil {
 		if spec.Memory, spec.Restore, err = cloneFrom(clone); err != nil {
@@ -290,12 +310,12 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	if err := s.connect(startCtx, resumeAfterDial); err != nil {
 		return nil, err
 	}
-	if s.net != nil && len(s.net.Config.Interfaces) > 0 {
-		if err := s.agent.ConfigureNetwork(startCtx, s.net.Config); err != nil {
+	if n := s.host.net; n != nil && len(n.Config.Interfaces) > 0 {
+		if err := s.agent.ConfigureNetwork(startCtx, n.Config); err != nil {
 			return nil, err
 		}
-		log.G(ctx).WithField("netns", o.NetNS).WithField("interfaces", len(s.net.Config.Interfaces)).
-			WithField("routes", len(s.net.Config.Routes)).Info("guest network configured")
+		log.G(ctx).WithField("netns", s.netns).WithField("interfaces", len(n.Config.Interfaces)).
+			WithField("routes", len(n.Config.Routes)).Info("guest network configured")
 	}
 	if r != nil {
 		r.took.launch, r.took.connect = connecting.Sub(launched), time.Since(connecting)
@@ -589,17 +609,15 @@ func (s *Sandbox) teardown(ctx context.Context) error {
 		}
 		cancel()
 	}
-	// After the VM stopped: the taps are no longer in use.
-	if s.net != nil {
-		if err := s.net.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("network: %w", err))
-		}
+	// After the VM stopped: the taps and the share are no longer in use.
+	if err := s.closeHost(); err != nil {
+		errs = append(errs, err)
 	}
 	// After the VM stopped: the scratch disks are no longer in use.
 	if err := s.closeContainers(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("release containers: %w", err))
 	}
-	if err := os.RemoveAll(s.Dir); err != nil {
+	if err := share.RemoveAll(s.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove sandbox state: %w", err))
 	}
 	// The namespace directories go with their last sandbox. Remove fails

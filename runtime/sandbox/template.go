@@ -30,10 +30,18 @@ const templateSettle = 500 * time.Millisecond
 // ShapeOf is the shape of the VM that Start would launch for o: what
 // keys its template.
 func ShapeOf(o Options) (template.Shape, error) {
-	if o.NetNS != "" {
+	switch {
+	case o.NetNS != "" || o.NewNetNS:
 		// Its NICs are known once its namespace is plumbed; a template
 		// carrying NICs is not made yet (docs/networking.md).
-		return template.Shape{}, fmt.Errorf("the sandbox joins network namespace %s, and templates with network interfaces are not made yet: %w", o.NetNS, errdefs.ErrNotImplemented)
+		ns := o.NetNS
+		if o.NewNetNS {
+			ns = "of its own"
+		}
+		return template.Shape{}, fmt.Errorf("the sandbox mirrors network namespace %s, and templates with network interfaces are not made yet: %w", ns, errdefs.ErrNotImplemented)
+	case o.Share:
+		// vhost-user-fs cannot be saved (QEMU marks it unmigratable).
+		return template.Shape{}, fmt.Errorf("the sandbox shares host directories (virtio-fs), which a template cannot carry: %w", errdefs.ErrNotImplemented)
 	}
 	p, err := planLaunch(o)
 	if err != nil {
