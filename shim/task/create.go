@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/cocoonrt/cocoon/oci"
+	"github.com/cocoonrt/cocoon/runtime/hooks"
 	"github.com/cocoonrt/cocoon/shim/stdio"
 )
 
@@ -25,8 +26,11 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 	// What cannot work in a VM is refused before anything is booted or
 	// opened; the sandbox translates the spec again when it creates the
 	// container.
-	if _, err := oci.GuestSpec(spec); err != nil {
+	if _, err := oci.GuestSpec(spec, r.ID); err != nil {
 		return nil, createRefused(fmt.Errorf("container %s: %w", r.ID, err))
+	}
+	if err := hooks.Validate(spec.Hooks); err != nil {
+		return nil, fmt.Errorf("container %s: %w", r.ID, err)
 	}
 	if err := s.reserve(r.ID); err != nil {
 		return nil, err
@@ -46,9 +50,17 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 		}
 		return nil, err
 	}
-	pid := s.commitCreate(r, p, pio, clock)
+	pid := s.commitCreate(r, hostHooksOf(r.ID, r.Bundle, spec), p, pio, clock)
 	s.unreserve(r.ID)
 	return &taskapi.CreateTaskResponse{Pid: pid}, nil
+}
+
+// resourcesOf is spec's linux.resources; nil without them.
+func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
+	if spec.Linux == nil {
+		return nil
+	}
+	return spec.Linux.Resources
 }
 
 // createRefused turns a "not implemented" refusal into a failed
@@ -94,10 +106,39 @@ func (s *Service) unreserve(id string) *vmSlot {
 // guest, with its stdio open. On error nothing is left open.
 func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, clock *callClock) (_ Process, _ *stdio.IO, retErr error) {
 	sbID, _ := SandboxID(r.ID, spec.Annotations)
-	sb, err := s.sandboxFor(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec)})
+	hh := hostHooksOf(r.ID, r.Bundle, spec)
+	netPath, newNetNS := oci.HostNetwork(spec)
+	launch := LaunchRequest{
+		Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations,
+		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: oci.HasHostHooks(spec.Hooks),
+		Share: len(oci.Binds(spec)) > 0, Resources: resourcesOf(spec),
+	}
+	// The first container's create hooks run in the boot, before the
+	// VM's NICs are made from the namespace they fill.
+	hooksRan := false
+	if hh != nil {
+		launch.BeforeNetwork = func(ctx context.Context, pid int) error {
+			hooksRan = true
+			return hh.create(ctx, pid)
+		}
+		launch.UndoNetwork = func(ctx context.Context, pid int) { hh.after(ctx, hooks.Poststop, specs.StateStopped, pid) }
+	}
+	sb, err := s.sandboxFor(ctx, launch)
 	if err != nil {
 		return nil, nil, err
 	}
+	if hh != nil && !hooksRan {
+		// The sandbox was up already: the container's hooks run now.
+		if err := hh.create(ctx, sb.HookPID()); err != nil {
+			hh.after(ctx, hooks.Poststop, specs.StateStopped, sb.HookPID())
+			return nil, nil, fmt.Errorf("create container %s: %w", r.ID, err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			hh.after(ctx, hooks.Poststop, specs.StateStopped, sb.HookPID())
+		}
+	}()
 	clock.vm = time.Since(clock.began)
 	clock.guestFrom(sb)
 	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
@@ -125,12 +166,12 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 
 // commitCreate records the created container, publishes its create event
 // and starts waiting for its init; it returns the pid for containerd.
-func (s *Service) commitCreate(r *taskapi.CreateTaskRequest, guest Process, pio *stdio.IO, clock callClock) uint32 {
+func (s *Service) commitCreate(r *taskapi.CreateTaskRequest, hh *hostHooks, guest Process, pio *stdio.IO, clock callClock) uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := newProcess(r.ID, "", stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}, nil)
 	p.guest, p.io = guest, pio
-	c := &container{id: r.ID, bundle: filepath.Clean(r.Bundle), init: p, execs: make(map[string]*process)}
+	c := &container{id: r.ID, bundle: filepath.Clean(r.Bundle), hooks: hh, init: p, execs: make(map[string]*process)}
 	clock.addLocked(c)
 	s.containers[r.ID] = c
 	pid := s.hostPIDLocked()

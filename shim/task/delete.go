@@ -8,6 +8,9 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/log"
+	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cocoonrt/cocoon/runtime/hooks"
 )
 
 // Delete removes a stopped (or never started) process. Deleting a
@@ -162,6 +165,10 @@ func (s *Service) release(ctx context.Context, t target, vm *vmSlot) time.Durati
 				logger(ctx, p.containerID, p.execID).WithError(err).Warn("close stdio")
 			}
 		}
+	}
+	if t.p.execID == "" && t.sb != nil {
+		// After the container, before the VM and the namespace holder.
+		t.c.hooks.after(ctx, hooks.Poststop, specs.StateStopped, t.sb.HookPID())
 	}
 	began := time.Now()
 	if err := stopVM(ctx, vm); err != nil {

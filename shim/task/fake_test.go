@@ -16,8 +16,12 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/agent"
 )
 
-// fakeHostPID is the VMM pid the fake sandbox reports.
-const fakeHostPID = 4242
+// fakeHostPID is the VMM pid the fake sandbox reports; fakeHookPID the
+// pid its hooks get.
+const (
+	fakeHostPID = 4242
+	fakeHookPID = 4343
+)
 
 // fakeLauncher boots fakeSandboxes.
 type fakeLauncher struct {
@@ -43,6 +47,14 @@ func (l *fakeLauncher) Launch(ctx context.Context, r LaunchRequest) (Sandbox, er
 	l.mu.Unlock()
 	if gate != nil {
 		<-gate
+	}
+	if fail == nil && r.BeforeNetwork != nil {
+		// As the sandbox does: the hooks fill the namespace before the
+		// VM starts, and a failed start runs the undo.
+		fail = r.BeforeNetwork(ctx, fakeHookPID)
+		if fail != nil && r.UndoNetwork != nil {
+			r.UndoNetwork(ctx, fakeHookPID)
+		}
 	}
 	if fail != nil {
 		return nil, fail
@@ -134,6 +146,8 @@ func (s *fakeSandbox) proc(key string) *fakeProcess {
 }
 
 func (s *fakeSandbox) HostPID() uint32 { return fakeHostPID }
+
+func (s *fakeSandbox) HookPID() int { return fakeHookPID }
 
 func (s *fakeSandbox) CreateContainer(ctx context.Context, c ContainerSpec) (Process, error) {
 	s.record("create %s", c.ID)

@@ -14,6 +14,8 @@ type container struct {
 	// id is the container id; bundle its bundle directory.
 	id     string
 	bundle string
+	// hooks are the spec's hooks that run on the host; nil for none.
+	hooks *hostHooks
 	// init is the container's first process; its state is the
 	// container's.
 	init *process

@@ -24,6 +24,11 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 	if joins {
 		return nil, nil, fmt.Errorf("restore container %s: it would join the running sandbox %s, and a checkpoint restores a whole VM: %w", r.ID, sbID, errdefs.ErrFailedPrecondition)
 	}
+	if oci.HasHostHooks(spec.Hooks) {
+		// They made what the container had on the host (nerdctl's and
+		// Docker's network), which a restore would have to make again.
+		return nil, nil, fmt.Errorf("restore container %s: its spec has OCI hooks that run on the host, and a restore does not run them: %w", r.ID, errdefs.ErrFailedPrecondition)
+	}
 	pio, err := stdio.Open(ctx, s.ns, r.ID, stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal})
 	if err != nil {
 		return nil, nil, err
@@ -49,7 +54,7 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 
 	var init Process
 	s.boot(ctx, slot, func(ctx context.Context) (Sandbox, error) {
-		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec)}, r.Checkpoint, ContainerSpec{
+		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec), Resources: resourcesOf(spec)}, r.Checkpoint, ContainerSpec{
 			ID:     r.ID,
 			Spec:   spec,
 			Rootfs: rootfsMounts(r.Bundle, r.Rootfs, spec),

@@ -44,6 +44,16 @@ type LaunchRequest struct {
 	// (oci.NetworkNamespace), whose interfaces the VM mirrors; "" for
 	// none.
 	NetNS string
+	// Resources are the first container's limits, which size the VM
+	// (oci.SizeForResources); nil for none.
+	Resources *specs.LinuxResources
+	// NewNetNS, HoldNetNS, BeforeNetwork, UndoNetwork and Share are
+	// sandbox.Options' (oci.HostNetwork decides the namespace).
+	NewNetNS      bool
+	HoldNetNS     bool
+	BeforeNetwork func(ctx context.Context, hookPID int) error
+	UndoNetwork   func(ctx context.Context, hookPID int)
+	Share         bool
 }
 
 // Sandbox is one booted VM and the containers in it, as the Task service
@@ -53,6 +63,9 @@ type Sandbox interface {
 	// HostPID is the host process that stands for the sandbox's
 	// processes in containerd's API: the VMM's.
 	HostPID() uint32
+	// HookPID is the host pid OCI hooks get in their state: a process in
+	// the sandbox's network namespace.
+	HookPID() int
 	// CreateContainer creates (does not start) a container in the guest
 	// and returns its init process.
 	CreateContainer(ctx context.Context, c ContainerSpec) (Process, error)

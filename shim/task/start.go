@@ -7,7 +7,9 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskapi "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonrt/cocoon/runtime/hooks"
 	"github.com/cocoonrt/cocoon/shim/stdio"
 )
 
@@ -24,6 +26,7 @@ func (s *Service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		return nil, err
 	}
 	if r.ExecID == "" {
+		t.c.hooks.after(ctx, hooks.Poststart, specs.StateRunning, t.sb.HookPID())
 		s.mu.Lock()
 		clock.addLocked(t.c)
 		s.mu.Unlock()

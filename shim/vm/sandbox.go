@@ -84,6 +84,9 @@ func (l Launcher) options(r task.LaunchRequest) (sandbox.Options, error) {
 	if err != nil {
 		return sandbox.Options{}, err
 	}
+	if cfg, err = oci.SizeForResources(cfg, r.Annotations, r.Resources); err != nil {
+		return sandbox.Options{}, err
+	}
 	img, err := image.Open(cfg.Guest.ImageDir)
 	if err != nil {
 		return sandbox.Options{}, err
@@ -97,15 +100,20 @@ func (l Launcher) options(r task.LaunchRequest) (sandbox.Options, error) {
 		return sandbox.Options{}, err
 	}
 	return sandbox.Options{
-		Namespace:   r.Namespace,
-		ID:          r.ID,
-		NetNS:       r.NetNS,
-		Config:      cfg,
-		Driver:      qemu.New(qemu.Config{Binary: cfg.Hypervisor.Path}),
-		Image:       img,
-		AccelHost:   hypervisor.LocalAccelHost(),
-		ChannelHost: channel.LocalHost(),
-		Rootfs:      layers,
+		Namespace:     r.Namespace,
+		ID:            r.ID,
+		NetNS:         r.NetNS,
+		NewNetNS:      r.NewNetNS,
+		HoldNetNS:     r.HoldNetNS,
+		BeforeNetwork: r.BeforeNetwork,
+		UndoNetwork:   r.UndoNetwork,
+		Share:         r.Share,
+		Config:        cfg,
+		Driver:        qemu.New(qemu.Config{Binary: cfg.Hypervisor.Path, Virtiofsd: cfg.Hypervisor.Virtiofsd}),
+		Image:         img,
+		AccelHost:     hypervisor.LocalAccelHost(),
+		ChannelHost:   channel.LocalHost(),
+		Rootfs:        layers,
 	}, nil
 }
 
