@@ -67,8 +67,19 @@ func stateRoot(t *testing.T) (stateDir, dataDir string) {
 // belongs to stateDir remains.
 func assertClean(t *testing.T, stateDir string) {
 	t.Helper()
-	if out, err := exec.Command("pgrep", "-a", "-f", "qemu-system.*"+stateDir).Output(); err == nil {
-		t.Errorf("qemu still running after the test:\n%s", out)
+	for _, proc := range []string{"qemu-system", "virtiofsd"} {
+		if out, err := exec.Command("pgrep", "-a", "-f", proc+".*"+stateDir).Output(); err == nil {
+			t.Errorf("%s still running after the test:\n%s", proc, out)
+		}
+	}
+	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mounts), stateDir+"/") {
+		var left []string
+		for _, l := range strings.Split(string(mounts), "\n") {
+			if strings.Contains(l, stateDir+"/") {
+				left = append(left, l)
+			}
+		}
+		t.Errorf("mounts left under the state directory:\n%s", strings.Join(left, "\n"))
 	}
 	var left []string
 	filepath.WalkDir(stateDir, func(p string, d os.DirEntry, err error) error {
