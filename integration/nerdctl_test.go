@@ -94,6 +94,16 @@ func TestNerdctl(t *testing.T) {
 				t.Errorf("the committed image's file: %q", out)
 			}
 
+			// Two networks: two interfaces, each with its network's address.
+			net2 := n.MustCreateNetwork("--subnet", fmt.Sprintf("10.212.%d.0/24", i))
+			if out := n.MustRun("run", "--rm", "--net", net, "--net", net2, img, "ip", "-o", "-4", "addr"); !strings.Contains(out, fmt.Sprintf("eth0    inet 10.211.%d.", i)) || !strings.Contains(out, fmt.Sprintf("eth1    inet 10.212.%d.", i)) {
+				t.Errorf("a container on two networks:\n%s", out)
+			}
+			// --net=host: the host's namespace is outside the VM.
+			if _, errOut, err := n.Run("run", "--rm", "--net", "host", img, "true"); err == nil || !strings.Contains(errOut, "--net=host") {
+				t.Errorf("run --net host: %v\n%s\nwant a refusal naming --net=host", err, errOut)
+			}
+
 			// --network none: loopback only.
 			if out := n.MustRun("run", "--rm", "--net", "none", img, "ls", "/sys/class/net"); strings.Fields(out)[0] != "lo" || len(strings.Fields(out)) != 1 {
 				t.Errorf("interfaces with --network none: %q", out)
