@@ -157,8 +157,13 @@ check-fresh:
 
 # Boot and memory through the runtime API, then start, exec, stdout and
 # memory through a private containerd 1.6 (io.containerd.cocoon.v2 with
-# this tree's shim, next to io.containerd.runc.v2). Leaves nothing running.
-bench: build guest
+# this tree's shim, next to io.containerd.runc.v2), then TCP throughput
+# (iperf3, in a small Debian root made here and cached by key) and HTTP
+# latency through nerdctl's bridge networking on a private containerd 2.4
+# (test-deps installs nerdctl, the CNI plugins, iperf3 and containerd 2.4).
+# Leaves nothing running.
+bench: build guest test-deps
+	bash integration/debian-image.sh $(TEST_TOOLS)/images iperf3 iperf3
 	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) COCOON_BIN=$(CURDIR)/bin $(GO) run -ldflags '$(LDFLAGS)' ./bench -out bench/results/latest.json
 
 proto:

@@ -1,7 +1,8 @@
 // Command bench measures Cocoon on this machine, next to runc in the same
 // run: cold boot to agent-ready, a command run end to end, and the host
 // memory each VM costs, and the same of sandboxes started from a template
-// next to cold boots. It writes bench/results/latest.json and prints a
+// next to cold boots, and TCP throughput and HTTP latency through nerdctl's
+// bridge networking. It writes bench/results/latest.json and prints a
 // table of medians. Run it with `make bench` (root).
 package main
 
@@ -64,12 +65,12 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser"`)
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser", "network"`)
 	flag.Parse()
 	switch *only {
-	case "", "copyback", "checkpoint", "template", "execuser":
+	case "", "copyback", "checkpoint", "template", "execuser", "network":
 	default:
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template" or "execuser"`)
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template", "execuser" or "network"`)
 		os.Exit(2)
 	}
 	if *n < 5 || *ctrN < 10 {
@@ -124,6 +125,14 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		rep.Results = execUserResults(f)
 		return writeReport(rep, out)
 	}
+	if only == "network" {
+		f, err := benchNetwork(ctx, &env.Config)
+		if err != nil {
+			return fmt.Errorf("network figures: %w", err)
+		}
+		rep.Results = netResults(f)
+		return writeReport(rep, out)
+	}
 	if only == "template" {
 		f, err := benchTemplate(ctx, env, n, ctrN)
 		if err != nil {
@@ -176,6 +185,11 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		return fmt.Errorf("template figures: %w", err)
 	}
 	rep.Results = append(rep.Results, templateResults(tmpl)...)
+	nets, err := benchNetwork(ctx, &env.Config)
+	if err != nil {
+		return fmt.Errorf("network figures: %w", err)
+	}
+	rep.Results = append(rep.Results, netResults(nets)...)
 	return writeReport(rep, out)
 }
 
