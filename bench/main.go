@@ -130,6 +130,7 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		if err != nil {
 			return fmt.Errorf("network figures: %w", err)
 		}
+		rep.Accel, rep.Channel = f.accel, f.channel
 		rep.Results = netResults(f)
 		return writeReport(rep, out)
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -22,14 +23,10 @@ import (
 
 	"github.com/cocoonrt/cocoon/integration/harness"
 	"github.com/cocoonrt/cocoon/runtime/config"
-	"github.com/cocoonrt/cocoon/runtime/sandbox"
 )
 
 // The network figures' settings.
 const (
-	// netCtrdVersion is the containerd the network figures drive, with
-	// nerdctl and its CNI plugins as a user of either runtime would.
-	netCtrdVersion = "2.4"
 	// netSubnet is the private subnet of the bench's own bridge network.
 	netSubnet = "10.213.0.0/24"
 	// iperfRoot is the Debian root with iperf3 that `make bench` makes
@@ -44,8 +41,8 @@ const (
 	// httpWarmup that it does not.
 	httpGets   = 200
 	httpWarmup = 20
-	// httpPage is the page busybox httpd serves.
-	httpPage = "cocoon bench page\n"
+	// httpPage is the page busybox httpd serves, a line of it.
+	httpPage = "cocoon bench page"
 )
 
 // netFigures are the network figures of both runtimes: index 0 is
@@ -58,41 +55,38 @@ type netFigures struct {
 	// get is each HTTP GET of the published port on a fresh
 	// connection, in ms.
 	get [2][]float64
+	// accel and channel are what Cocoon's sandboxes ran with, as the
+	// shim logged them.
+	accel, channel string
 }
+
+// startingLine matches the shim's "starting sandbox" line, whose accel
+// and channel fields say how the sandbox runs.
+var startingLine = regexp.MustCompile(`msg="starting sandbox"(.*)`)
 
 // errNetworkTools says that something the network figures need is not
 // on this machine.
 var errNetworkTools = errors.New("the network figures' tools are not installed (make test-deps, then make bench)")
 
 // benchNetwork measures TCP throughput with iperf3 and HTTP latency
-// through a published port, for Cocoon and runc in turn, with nerdctl on a
-// bridge network of the bench's own, through a private containerd. It
-// leaves no container, network, netns, tap or iptables rule behind, also
-// when ctx is cancelled.
+// through a published port, for Cocoon and runc in turn, with nerdctl on
+// a bridge network of the bench's own, through the bench's private
+// containerd 1.6: the only runc shim on this host is Debian's (1.6), and
+// containerd 2.4 fails to start it for nerdctl's containers ("type with
+// url ...: not found"). It leaves no container, network, netns, tap or
+// iptables rule behind, also when ctx is cancelled.
 func benchNetwork(ctx context.Context, cfg *config.Config) (f netFigures, retErr error) {
 	for _, p := range []string{iperfRoot, "/usr/bin/iperf3"} {
 		if _, err := os.Stat(p); err != nil {
 			return f, fmt.Errorf("%w: %v", errNetworkTools, err)
 		}
 	}
-	c, err := harness.Start(netCtrdVersion, harness.WithEnv("COCOON_TEMPLATE="+config.TemplateNever))
-	if errors.Is(err, harness.ErrNotInstalled) {
-		return f, fmt.Errorf("%w: %v", errNetworkTools, err)
-	}
+	b, err := startCtrd(cfg.Runtime.StateDir, cfg.Runtime.DataDir)
 	if err != nil {
 		return f, err
 	}
-	c.Namespace = fmt.Sprintf("cocoon-bench-net-%d", os.Getpid())
-	b := &ctrdBench{
-		c:          c,
-		vmStateDir: filepath.Join(cfg.Runtime.StateDir, c.Namespace),
-		vmDataDir:  filepath.Join(cfg.Runtime.DataDir, sandbox.ContainersDirName, c.Namespace),
-		live:       map[string]bool{},
-	}
 	defer b.close()
-	if b.image, err = harness.Import(c); err != nil {
-		return f, err
-	}
+	c := b.c
 	if err := importRoot(c, iperfRoot, iperfRef, []string{"/usr/bin/iperf3", "-s"}); err != nil {
 		return f, fmt.Errorf("import %s: %w", iperfRoot, err)
 	}
@@ -126,6 +120,10 @@ func benchNetwork(ctx context.Context, cfg *config.Config) (f netFigures, retErr
 			return f, fmt.Errorf("%s: http: %w", rt, err)
 		}
 	}
+	if m := startingLine.FindStringSubmatch(c.Log()); m != nil {
+		fields := logFields(m[1])
+		f.accel, f.channel = fields["accel"], fields["channel"]
+	}
 	return f, nil
 }
 
@@ -144,7 +142,7 @@ func nerd(ctx context.Context, n *harness.Nerdctl, args ...string) (string, erro
 }
 
 // runServer starts a detached container of runtime rt on network with
-// args (after `nerdctl run -d`) and returns its name and address. The
+// args (after `nerdctl run -d`) and returns its address. The
 // caller removes it (removeServer); Cleanup does if it cannot.
 func runServer(ctx context.Context, n *harness.Nerdctl, rt, network, name string, args ...string) (string, error) {
 	full := append([]string{"run", "-d", "--runtime", rt, "--name", name, "--net", network}, args...)
@@ -168,7 +166,7 @@ func removeServer(n *harness.Nerdctl, name string) error {
 
 // iperfFigures runs `iperf3 -s` in a container of runtime rt and, from
 // the host, iperfRuns runs of iperfSeconds each way, alternated, after
-// a warm-up run that also waits for the server. Mbit/s.
+// an untimed warm-up run that also waits for the server. Mbit/s.
 func iperfFigures(ctx context.Context, n *harness.Nerdctl, rt, network string) (up, down []float64, retErr error) {
 	name := "iperf-" + shortName(rt)
 	ip, err := runServer(ctx, n, rt, network, name, iperfRef, "iperf3", "-s")
@@ -180,28 +178,38 @@ func iperfFigures(ctx context.Context, n *harness.Nerdctl, rt, network string) (
 	if err != nil {
 		return nil, nil, err
 	}
-	var lastErr error
-	for deadline := time.Now().Add(time.Minute); ; {
-		if _, lastErr = iperf(ctx, ip, 1, false); lastErr == nil {
-			break
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("the server at %s never answered: %w", ip, lastErr)
-		}
-		time.Sleep(500 * time.Millisecond)
+	if _, err := iperfRetried(ctx, ip, 1, false, time.Minute); err != nil {
+		return nil, nil, fmt.Errorf("the server at %s never answered: %w", ip, err)
 	}
 	for k := 0; k < iperfRuns; k++ {
-		u, err := iperf(ctx, ip, iperfSeconds, false)
+		u, err := iperfRetried(ctx, ip, iperfSeconds, false, iperfRestart)
 		if err != nil {
 			return up, down, err
 		}
-		d, err := iperf(ctx, ip, iperfSeconds, true)
+		d, err := iperfRetried(ctx, ip, iperfSeconds, true, iperfRestart)
 		if err != nil {
 			return up, down, err
 		}
 		up, down = append(up, u), append(down, d)
 	}
 	return up, down, nil
+}
+
+// iperfRestart bounds the retries of a run: after each test the server
+// closes its listening socket and opens a new one, and a client that
+// comes in between is refused (under TCG the gap is long enough to hit).
+const iperfRestart = 10 * time.Second
+
+// iperfRetried is iperf, tried again every 200 ms for within while it
+// fails: a run that failed measured nothing.
+func iperfRetried(ctx context.Context, ip string, seconds int, reverse bool, within time.Duration) (float64, error) {
+	for deadline := time.Now().Add(within); ; {
+		mbits, err := iperf(ctx, ip, seconds, reverse)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return mbits, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // iperf runs the host's iperf3 client against the server at ip for
@@ -226,8 +234,11 @@ func iperf(ctx context.Context, ip string, seconds int, reverse bool) (float64, 
 			} `json:"sum_received"`
 		} `json:"end"`
 	}
-	if err := json.Unmarshal(out, &r); err != nil || r.Error != "" || runErr != nil {
-		return 0, fmt.Errorf("iperf3 %s: %v %s %v", strings.Join(args, " "), runErr, r.Error, err)
+	if err := json.Unmarshal(out, &r); err != nil {
+		return 0, fmt.Errorf("iperf3 %s: %v: %w", strings.Join(args, " "), runErr, err)
+	}
+	if r.Error != "" || runErr != nil {
+		return 0, fmt.Errorf("iperf3 %s: %v: %s", strings.Join(args, " "), runErr, r.Error)
 	}
 	return r.End.SumReceived.BitsPerSecond / 1e6, nil
 }
@@ -243,7 +254,7 @@ func httpFigures(ctx context.Context, n *harness.Nerdctl, rt, network, image str
 	}
 	name := "httpd-" + shortName(rt)
 	_, err = runServer(ctx, n, rt, network, name, "-p", fmt.Sprintf("127.0.0.1:%d:80", port), image,
-		"sh", "-c", fmt.Sprintf("mkdir -p /www && printf %%s %q > /www/index.html && exec httpd -f -p 80 -h /www", httpPage))
+		"sh", "-c", fmt.Sprintf("mkdir -p /www && echo '%s' > /www/index.html && exec httpd -f -p 80 -h /www", httpPage))
 	defer func() {
 		if err := removeServer(n, name); err != nil && retErr == nil {
 			retErr = err
@@ -276,7 +287,7 @@ func httpFigures(ctx context.Context, n *harness.Nerdctl, rt, network, image str
 	return out, nil
 }
 
-// get fetches url, which must answer 200 with httpPage, and returns how
+// get fetches url, which must answer 200 with the line httpPage, and returns how
 // long it took: connect, request, the whole body.
 func get(ctx context.Context, client *http.Client, url string) (time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -294,7 +305,7 @@ func get(ctx context.Context, client *http.Client, url string) (time.Duration, e
 	if err != nil {
 		return 0, err
 	}
-	if resp.StatusCode != http.StatusOK || string(body) != httpPage {
+	if resp.StatusCode != http.StatusOK || string(body) != httpPage+"\n" {
 		return 0, fmt.Errorf("GET %s: %s %q", url, resp.Status, body)
 	}
 	return took, nil
