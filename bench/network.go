@@ -226,6 +226,9 @@ func iperf(ctx context.Context, ip string, seconds int, reverse bool) (float64, 
 	// Its own process group: a ^C reaches the bench, which ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, runErr := cmd.Output()
+	if ctx.Err() != nil {
+		return 0, fmt.Errorf("iperf3 %s: %w", strings.Join(args, " "), ctx.Err())
+	}
 	var r struct {
 		Error string `json:"error"`
 		End   struct {
