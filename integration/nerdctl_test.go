@@ -50,7 +50,7 @@ func TestNerdctl(t *testing.T) {
 			}
 
 			n.MustRun("run", "-d", "--name", "web", "--net", net, "-p", fmt.Sprintf("127.0.0.1:%d:80", port),
-				"-v", data+":/data", "-v", ro+":/ro:ro", "--memory", "64m", "--cpus", "1", "-e", "GREETING=hello-from-the-vm", "-w", "/www",
+				"-v", data+":/data", "-v", ro+":/ro:ro", "--memory", "512m", "--cpus", "2", "-e", "GREETING=hello-from-the-vm", "-w", "/www",
 				img, "sh", "-c", `mkdir -p /www && echo "$GREETING" > /www/index.html && echo from-the-guest > /data/out && exec httpd -f -p 80 -h /www`)
 			if body := hostGet(t, fmt.Sprintf("http://127.0.0.1:%d/index.html", port)); body != "hello-from-the-vm" {
 				t.Errorf("the published port answered %q", body)
@@ -62,16 +62,17 @@ func TestNerdctl(t *testing.T) {
 				t.Errorf("a write to the read-only bind succeeded: %s", out)
 			}
 			ifs := n.MustRun("exec", "web", "sh", "-c", "ls /sys/class/net; ip -6 addr show eth0; pwd; f=/sys/fs/cgroup/memory.max; [ -e $f ] || f=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max; cat $f; c=/sys/fs/cgroup/cpu.max; [ -e $c ] || c=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/cpu.max; cat $c")
-			for _, want := range []string{"eth0", fmt.Sprintf("inet6 fd02:%d::", i+1), "/www", "67108864", "100000 100000"} {
+			for _, want := range []string{"eth0", fmt.Sprintf("inet6 fd02:%d::", i+1), "/www", "536870912", "200000 100000"} {
 				if !strings.Contains(ifs, want) {
 					t.Errorf("the container lacks %q:\n%s", want, ifs)
 				}
 			}
-			// The VM is sized for the limits: the configured 1 vCPU and
-			// 256 MiB, plus the container's 1 CPU and 64 MiB.
+			// The VM is sized for the limits, which are more than the
+			// configured 1 vCPU and 256 MiB: 2 vCPUs, 512 MiB and the
+			// guest's overhead.
 			var cpus, memKB int
-			if _, err := fmt.Sscanf(n.MustRun("exec", "web", "sh", "-c", "nproc; sed -n 's/MemTotal: *//p' /proc/meminfo"), "%d\n%d", &cpus, &memKB); err != nil || cpus != 2 || memKB < 280000 {
-				t.Errorf("the VM has %d vCPUs and %d kB (%v): want 2 and more than a 256 MiB VM's", cpus, memKB, err)
+			if _, err := fmt.Sscanf(n.MustRun("exec", "web", "sh", "-c", "nproc; sed -n 's/MemTotal: *//p' /proc/meminfo"), "%d\n%d", &cpus, &memKB); err != nil || cpus != 2 || memKB < 530000 {
+				t.Errorf("the VM has %d vCPUs and %d kB (%v): want 2 and more than the 512 MiB limit", cpus, memKB, err)
 			}
 
 			// A second container on the bridge reaches the first by name

@@ -20,11 +20,12 @@ func TestSizeForResources(t *testing.T) {
 		mib, cpus int
 	}{
 		{"none", nil, nil, base.Hypervisor.MemoryMiB, base.Hypervisor.VCPUs},
-		{"memory 64m", &specs.LinuxResources{Memory: mem(64 << 20)}, nil, base.Hypervisor.MemoryMiB + 64, base.Hypervisor.VCPUs},
-		{"memory rounds up", &specs.LinuxResources{Memory: mem(1<<20 + 1)}, nil, base.Hypervisor.MemoryMiB + 2, base.Hypervisor.VCPUs},
+		{"a small limit keeps the VM", &specs.LinuxResources{Memory: mem(64 << 20), CPU: cpu(50000, 100000)}, nil, base.Hypervisor.MemoryMiB, base.Hypervisor.VCPUs},
+		{"memory 512m", &specs.LinuxResources{Memory: mem(512 << 20)}, nil, 512 + GuestOverheadMiB, base.Hypervisor.VCPUs},
+		{"memory rounds up", &specs.LinuxResources{Memory: mem(512<<20 + 1)}, nil, 513 + GuestOverheadMiB, base.Hypervisor.VCPUs},
 		{"unlimited", &specs.LinuxResources{Memory: mem(-1)}, nil, base.Hypervisor.MemoryMiB, base.Hypervisor.VCPUs},
-		{"cpus 1.5", &specs.LinuxResources{CPU: cpu(150000, 100000)}, nil, base.Hypervisor.MemoryMiB, base.Hypervisor.VCPUs + 2},
-		{"annotations win", &specs.LinuxResources{Memory: mem(64 << 20), CPU: cpu(200000, 100000)},
+		{"cpus 2.5", &specs.LinuxResources{CPU: cpu(250000, 100000)}, nil, base.Hypervisor.MemoryMiB, 3},
+		{"annotations win", &specs.LinuxResources{Memory: mem(1 << 30), CPU: cpu(200000, 100000)},
 			map[string]string{AnnotationMemoryMiB: "512", AnnotationVCPUs: "1"}, base.Hypervisor.MemoryMiB, base.Hypervisor.VCPUs},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
