@@ -1,13 +1,11 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 )
 
 // netnsFixture is a named network namespace with one end of a veth pair
@@ -58,24 +56,11 @@ func (f netnsFixture) nsOut(args ...string) string {
 	return string(out)
 }
 
-// fetch gets a page from the guest's httpd in f's namespace, trying for
-// 30 s, and returns its body.
+// fetch gets a page from the guest's httpd in f's namespace (see
+// hostGet) and returns its body.
 func (f netnsFixture) fetch(t *testing.T, page string) string {
 	t.Helper()
-	var body []byte
-	var err error
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		body, err = exec.CommandContext(ctx, "busybox", "wget", "-q", "-O", "-", "http://"+f.guestIP+":8080/"+page).CombinedOutput()
-		cancel()
-		if err == nil {
-			return strings.TrimSpace(string(body))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Errorf("wget %s from the host: %v: %s", page, err, body)
-	return ""
+	return hostGet(t, "http://"+f.guestIP+":8080/"+page)
 }
 
 // TestNetworkNamespace: a container that joins a network namespace gets

@@ -71,7 +71,6 @@ func (s *Sandbox) setUpHost(ctx context.Context, o Options, spec *hypervisor.Spe
 		for i, iface := range s.host.net.Config.Interfaces {
 			spec.NICs = append(spec.NICs, hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: s.host.net.Taps[i], MAC: iface.MAC, MTU: iface.MTU})
 		}
-		s.netns = path
 		spec.NetNS = path
 	}
 	if o.Share {
@@ -97,9 +96,6 @@ func (s *Sandbox) HookPID() int {
 	}
 	return 0
 }
-
-// NetNS is the path of the network namespace the VM mirrors; "" for none.
-func (s *Sandbox) NetNS() string { return s.netns }
 
 // shareBinds makes the bind mounts of a container's spec in the share.
 func (s *Sandbox) shareBinds(ctx context.Context, c ContainerSpec) error {

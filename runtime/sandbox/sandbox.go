@@ -184,9 +184,8 @@ type Sandbox struct {
 	startDeadline time.Time
 	created       atomic.Bool
 	// host is what the sandbox keeps on the host besides its VM
-	// (hostside.go); netns the path of the namespace its VM mirrors.
-	host  hostSide
-	netns string
+	// (hostside.go).
+	host hostSide
 }
 
 // Start launches a VM and returns once its agent is ready and the guest
@@ -314,7 +313,7 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		if err := s.agent.ConfigureNetwork(startCtx, n.Config); err != nil {
 			return nil, err
 		}
-		log.G(ctx).WithField("netns", s.netns).WithField("interfaces", len(n.Config.Interfaces)).
+		log.G(ctx).WithField("netns", spec.NetNS).WithField("interfaces", len(n.Config.Interfaces)).
 			WithField("routes", len(n.Config.Routes)).Info("guest network configured")
 	}
 	if r != nil {

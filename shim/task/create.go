@@ -110,7 +110,7 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 	netPath, newNetNS := oci.HostNetwork(spec)
 	launch := LaunchRequest{
 		Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations,
-		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: oci.HasHostHooks(spec.Hooks),
+		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: hh != nil,
 		Share: len(oci.Binds(spec)) > 0, Resources: resourcesOf(spec),
 	}
 	// The first container's create hooks run in the boot, before the

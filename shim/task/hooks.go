@@ -6,6 +6,7 @@ import (
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/hooks"
 )
 
@@ -23,8 +24,9 @@ type hostHooks struct {
 	annotations map[string]string
 }
 
+// hostHooksOf is spec's hooks that run on the host; nil for none.
 func hostHooksOf(id, bundle string, spec *specs.Spec) *hostHooks {
-	if spec.Hooks == nil {
+	if !oci.HasHostHooks(spec.Hooks) {
 		return nil
 	}
 	return &hostHooks{id: id, bundle: bundle, hooks: spec.Hooks, annotations: spec.Annotations}
