@@ -541,6 +541,16 @@ func (s *Service) CreateContainer(ctx context.Context, req *api.CreateContainerR
 	if err := s.share.prepare(ctx, id, spec); err != nil {
 		return nil, err
 	}
+	if err := s.shm.prepare(ctx, id, spec); err != nil {
+		return nil, err
+	}
+	sysctls, err := spec.takeNetworkSysctls()
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w: %v", id, errdefs.ErrInvalidArgument, err)
+	}
+	if err := setNetworkSysctls(ctx, s.cfg.ProcRoot, id, sysctls); err != nil {
+		return nil, err
+	}
 
 	dir := filepath.Join(cs.dir, id)
 	if err := os.MkdirAll(cs.dir, 0o711); err != nil {

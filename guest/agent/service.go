@@ -117,6 +117,12 @@ type Config struct {
 	// Share mounts that directory the first time a container needs it;
 	// nil means virtio-fs (VirtiofsShare).
 	Share ShareMounter
+	// ShmDir is where the sandbox's shm is mounted the first time a
+	// container binds it; empty means api.ShmDir.
+	ShmDir string
+	// ProcRoot is where procfs is mounted, for the network sysctls of
+	// containers in the guest's network namespace; empty means /proc.
+	ProcRoot string
 }
 
 // Service implements api.AgentService.
@@ -138,6 +144,8 @@ type Service struct {
 	net netState
 	// share is the host's shared directory, mounted when first needed.
 	share *sharedDir
+	// shm is the sandbox's /dev/shm, mounted when first needed.
+	shm *sandboxShm
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once
@@ -173,8 +181,16 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Share == nil {
 		cfg.Share = VirtiofsShare{}
 	}
-	if !filepath.IsAbs(cfg.ShareRoot) || filepath.Clean(cfg.ShareRoot) != cfg.ShareRoot || cfg.ShareRoot == "/" {
-		return nil, fmt.Errorf("agent config: share root %q is not a clean absolute path below /: %w", cfg.ShareRoot, errdefs.ErrInvalidArgument)
+	if cfg.ShmDir == "" {
+		cfg.ShmDir = api.ShmDir
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = defaultProcRoot
+	}
+	for what, p := range map[string]string{"share root": cfg.ShareRoot, "shm dir": cfg.ShmDir} {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return nil, fmt.Errorf("agent config: %s %q is not a clean absolute path below /: %w", what, p, errdefs.ErrInvalidArgument)
+		}
 	}
 	setContainerDefaults(&cfg)
 	var uts unix.Utsname
@@ -191,6 +207,7 @@ func New(cfg Config) (*Service, error) {
 		containers: newContainerSet(cfg),
 		freeze:     &fsFreeze{fz: cfg.Freezer},
 		share:      newSharedDir(cfg),
+		shm:        newSandboxShm(cfg),
 	}, nil
 }
 
