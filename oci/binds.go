@@ -35,7 +35,8 @@ func isBind(m specs.Mount) bool {
 	return m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-// Binds lists the bind mounts of spec, in order. A relative source is
+// Binds lists the bind mounts of spec that come from the host, in order:
+// all but /dev/shm's, which the guest serves itself. A relative source is
 // refused by GuestSpec, and left out here.
 func Binds(spec *specs.Spec) []Bind {
 	if spec == nil {
@@ -43,7 +44,7 @@ func Binds(spec *specs.Spec) []Bind {
 	}
 	var out []Bind
 	for i, m := range spec.Mounts {
-		if !isBind(m) || !filepath.IsAbs(m.Source) {
+		if !isBind(m) || isShmBind(m) || !filepath.IsAbs(m.Source) {
 			continue
 		}
 		out = append(out, Bind{
@@ -82,7 +83,7 @@ func BindGuestPath(containerID string, index int) string {
 // source in the guest. A source must be an absolute host path.
 func translateBinds(g *specs.Spec, containerID string, fail failFunc) {
 	for i, m := range g.Mounts {
-		if !isBind(m) {
+		if !isBind(m) || m.Source == api.ShmDir && isShmBind(m) {
 			continue
 		}
 		if !filepath.IsAbs(m.Source) {

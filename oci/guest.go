@@ -49,11 +49,16 @@ var standardDevices = map[string]standardDevice{
 //     kernel has neither LSM, and the VM is the isolation boundary.
 //
 // What is refused, each problem named in the error (all of them at once):
-//   - joining an existing namespace (a namespace with a path), and
+//   - joining an existing namespace (a namespace with a path) other
+//     than the network namespace the VM mirrors and, for a pod's
+//     container, its pod's IPC, UTS and PID namespaces (JoinPod
+//     translates those), and
 //     running without a network, pid or ipc namespace (--net=host,
 //     --pid=host, --ipc=host): the host's namespaces are outside the VM.
 //     errdefs.ErrNotImplemented.
-//   - Bind mounts of host paths point at the sandbox's share in the
+//   - A bind mount of /dev/shm points at the sandbox's shm in the
+//     guest (api.ShmDir), a tmpfs of the guest's.
+//   - Other bind mounts of host paths point at the sandbox's share in the
 //     guest (BindGuestPath): the host binds each source there and the
 //     share reaches the guest through virtio-fs. A relative source is
 //     refused (ErrInvalidArgument).
@@ -107,7 +112,7 @@ func GuestSpec(host *specs.Spec, containerID string) (*specs.Spec, error) {
 	} else {
 		g.Linux.CgroupsPath = ""
 		g.Linux.MountLabel = ""
-		checkNamespaces(g.Linux.Namespaces, fail)
+		checkNamespaces(g.Linux.Namespaces, isPodContainer(&g), fail)
 		g.Linux.Namespaces = withoutMirroredNetwork(&g)
 		checkDevices(g.Linux.Devices, fail)
 		checkResources(g.Linux.Resources, fail)
@@ -119,6 +124,7 @@ func GuestSpec(host *specs.Spec, containerID string) (*specs.Spec, error) {
 		}
 	}
 	checkMounts(g.Mounts, fail)
+	translateShm(&g)
 	translateBinds(&g, containerID, fail)
 	dropHostHooks(&g)
 	if len(errs) > 0 {
@@ -170,13 +176,18 @@ var hostNamespaceFlags = map[specs.LinuxNamespaceType]string{
 	specs.IPCNamespace:     "--ipc=host",
 }
 
-func checkNamespaces(nss []specs.LinuxNamespace, fail failFunc) {
+func checkNamespaces(nss []specs.LinuxNamespace, inPod bool, fail failFunc) {
 	have := map[specs.LinuxNamespaceType]bool{}
 	for _, ns := range nss {
 		have[ns.Type] = true
 		// A network namespace with a path is the sandbox's: its
 		// interfaces are mirrored into the VM (NetworkNamespace), whose
-		// own namespace the container shares.
+		// own namespace the container shares. A pod's container joins
+		// the pod's IPC, UTS and PID namespaces, which are its sandbox
+		// container's in the guest (JoinPod).
+		if _, ok := podNamespacePID(ns); ok && inPod {
+			continue
+		}
 		if ns.Path != "" && ns.Type != specs.NetworkNamespace {
 			fail(errdefs.ErrNotImplemented, "linux.namespaces: the %s namespace joins %s, a namespace outside the VM", ns.Type, ns.Path)
 		}
