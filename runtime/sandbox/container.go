@@ -167,6 +167,17 @@ func (c *containers) get(id string) (*container, error) {
 	return ct, nil
 }
 
+// initPID is the guest pid of container id's init; 0 when there is no
+// such container, or it is not created yet.
+func (c *containers) initPID(id string) uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ct, ok := c.byID[id]; ok && ct.init != nil {
+		return ct.init.Pid()
+	}
+	return 0
+}
+
 func (c *containers) remove(ct *container) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -204,6 +215,10 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (_ *agen
 	}
 	guest, err := oci.GuestSpec(c.Spec, c.ID)
 	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.ID, err)
+	}
+	podPID := s.containers.initPID(c.Spec.Annotations[oci.AnnotationCRISandboxID])
+	if err := oci.JoinPod(guest, uint32(s.vm.PID()), podPID); err != nil {
 		return nil, fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	if s.rootfs == nil {

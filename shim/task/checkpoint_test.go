@@ -11,6 +11,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/cocoonrt/cocoon/oci"
 )
 
 func TestCheckpointOptions(t *testing.T) {
@@ -106,7 +108,7 @@ func TestCheckpointAndRestore(t *testing.T) {
 	// A pod's container cannot be restored into the pod.
 	ps := newTestService(t)
 	_, err = ps.svc.Create(ctx, &taskapi.CreateTaskRequest{ID: "c2", Checkpoint: "/tmp/ck1",
-		Bundle: ps.bundle(map[string]string{AnnotationContainerType: ContainerTypeContainer, AnnotationSandboxID: "pod"})})
+		Bundle: ps.bundle(map[string]string{oci.AnnotationCRIContainerType: oci.CRIContainerTypeContainer, oci.AnnotationCRISandboxID: "pod"})})
 	wantErr(t, err, errdefs.IsFailedPrecondition, "restore into a pod")
 	if ps.launcher.count() != 0 {
 		t.Errorf("a refused restore launched %d sandboxes", ps.launcher.count())

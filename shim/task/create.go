@@ -55,12 +55,17 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 	return &taskapi.CreateTaskResponse{Pid: pid}, nil
 }
 
-// resourcesOf is spec's linux.resources; nil without them.
-func resourcesOf(spec *specs.Spec) *specs.LinuxResources {
-	if spec.Linux == nil {
-		return nil
+// resourcesOf are the limits that size the VM of spec's sandbox: a
+// pod's (oci.PodResources) for a pod's sandbox container, else spec's
+// linux.resources; nil without them.
+func resourcesOf(spec *specs.Spec) (*specs.LinuxResources, error) {
+	if oci.IsPodSandbox(spec) {
+		return oci.PodResources(spec)
 	}
-	return spec.Linux.Resources
+	if spec.Linux == nil {
+		return nil, nil
+	}
+	return spec.Linux.Resources, nil
 }
 
 // createRefused turns a "not implemented" refusal into a failed
@@ -108,10 +113,17 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 	sbID, _ := SandboxID(r.ID, spec.Annotations)
 	hh := hostHooksOf(r.ID, r.Bundle, spec)
 	netPath, newNetNS := oci.HostNetwork(spec)
+	res, err := resourcesOf(spec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("container %s: %w", r.ID, err)
+	}
 	launch := LaunchRequest{
 		Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations,
 		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: hh != nil,
-		Share: len(oci.Binds(spec)) > 0, Resources: resourcesOf(spec),
+		// A pod's later containers bring volumes, and the VM cannot
+		// gain a share once it runs.
+		Share:     len(oci.Binds(spec)) > 0 || oci.IsPodSandbox(spec),
+		Resources: res,
 	}
 	// The first container's create hooks run in the boot, before the
 	// VM's NICs are made from the namespace they fill.

@@ -54,7 +54,11 @@ func (s *Service) restore(ctx context.Context, r *taskapi.CreateTaskRequest, spe
 
 	var init Process
 	s.boot(ctx, slot, func(ctx context.Context) (Sandbox, error) {
-		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec), Resources: resourcesOf(spec)}, r.Checkpoint, ContainerSpec{
+		res, err := resourcesOf(spec)
+		if err != nil {
+			return nil, err
+		}
+		sb, p, err := s.launcher.Restore(ctx, LaunchRequest{Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations, NetNS: oci.NetworkNamespace(spec), Resources: res}, r.Checkpoint, ContainerSpec{
 			ID:     r.ID,
 			Spec:   spec,
 			Rootfs: rootfsMounts(r.Bundle, r.Rootfs, spec),

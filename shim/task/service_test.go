@@ -21,6 +21,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/agent"
 )
 
@@ -395,7 +396,7 @@ func TestSandboxGrouping(t *testing.T) {
 		if id == "pause" {
 			typ = "sandbox"
 		}
-		return map[string]string{AnnotationSandboxID: "pause", AnnotationContainerType: typ, "io.cocoon.vcpus": "2"}
+		return map[string]string{oci.AnnotationCRISandboxID: "pause", oci.AnnotationCRIContainerType: typ, "io.cocoon.vcpus": "2"}
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -421,7 +422,7 @@ func TestSandboxGrouping(t *testing.T) {
 	if r.ID != "pause" || r.Namespace != "ns" || r.Annotations["io.cocoon.vcpus"] != "2" {
 		t.Errorf("launch request = %+v", r)
 	}
-	_, err := ts.create("other", map[string]string{AnnotationSandboxID: "pod2", AnnotationContainerType: "container"})
+	_, err := ts.create("other", map[string]string{oci.AnnotationCRISandboxID: "pod2", oci.AnnotationCRIContainerType: "container"})
 	wantErr(t, err, errdefs.IsFailedPrecondition, "a container of another pod")
 }
 
@@ -506,9 +507,9 @@ func TestSandboxID(t *testing.T) {
 		joins bool
 	}{
 		{nil, "c", false},
-		{map[string]string{AnnotationContainerType: "sandbox", AnnotationSandboxID: "c"}, "c", false},
-		{map[string]string{AnnotationContainerType: "container", AnnotationSandboxID: "pod"}, "pod", true},
-		{map[string]string{AnnotationSandboxID: "pod"}, "c", false},
+		{map[string]string{oci.AnnotationCRIContainerType: "sandbox", oci.AnnotationCRISandboxID: "c"}, "c", false},
+		{map[string]string{oci.AnnotationCRIContainerType: "container", oci.AnnotationCRISandboxID: "pod"}, "pod", true},
+		{map[string]string{oci.AnnotationCRISandboxID: "pod"}, "c", false},
 	} {
 		id, joins := SandboxID("c", tc.ann)
 		if id != tc.id || joins != tc.joins {
@@ -586,7 +587,7 @@ func TestDeleteLastContainer(t *testing.T) {
 	ts := newTestService(t)
 	ctx := context.Background()
 	pod := func(id, typ string) map[string]string {
-		return map[string]string{AnnotationSandboxID: "pause", AnnotationContainerType: typ}
+		return map[string]string{oci.AnnotationCRISandboxID: "pause", oci.AnnotationCRIContainerType: typ}
 	}
 	for _, c := range []struct{ id, typ string }{{"pause", "sandbox"}, {"app", "container"}} {
 		if _, err := ts.create(c.id, pod(c.id, c.typ)); err != nil {

@@ -8,15 +8,8 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-)
 
-// CRI's annotations, the same in containerd 1.6 to 2.x: a pod's sandbox
-// (pause) container has type "sandbox" and its own id as sandbox id; the
-// pod's other containers have type "container" and the pod's sandbox id.
-const (
-	AnnotationContainerType = "io.kubernetes.cri.container-type"
-	AnnotationSandboxID     = "io.kubernetes.cri.sandbox-id"
-	ContainerTypeContainer  = "container"
+	"github.com/cocoonrt/cocoon/oci"
 )
 
 // SandboxID returns the sandbox a container belongs to, and whether it
@@ -24,8 +17,8 @@ const (
 // pod's sandbox; a pod's sandbox container and a standalone container are
 // a sandbox of their own, named after themselves.
 func SandboxID(containerID string, annotations map[string]string) (id string, joins bool) {
-	if annotations[AnnotationContainerType] == ContainerTypeContainer {
-		if sb := annotations[AnnotationSandboxID]; sb != "" && sb != containerID {
+	if annotations[oci.AnnotationCRIContainerType] == oci.CRIContainerTypeContainer {
+		if sb := annotations[oci.AnnotationCRISandboxID]; sb != "" && sb != containerID {
 			return sb, true
 		}
 	}
