@@ -171,9 +171,9 @@ type failFunc func(sentinel error, format string, args ...any)
 
 // hostNamespaceFlags are the options that leave a namespace out.
 var hostNamespaceFlags = map[specs.LinuxNamespaceType]string{
-	specs.NetworkNamespace: "--net=host",
-	specs.PIDNamespace:     "--pid=host",
-	specs.IPCNamespace:     "--ipc=host",
+	specs.NetworkNamespace: "--net=host, hostNetwork",
+	specs.PIDNamespace:     "--pid=host, hostPID",
+	specs.IPCNamespace:     "--ipc=host, hostIPC",
 }
 
 func checkNamespaces(nss []specs.LinuxNamespace, inPod bool, fail failFunc) {
@@ -257,11 +257,25 @@ func checkMounts(mounts []specs.Mount, fail failFunc) {
 	}
 }
 
+// manyDevices is the count of host devices past which a spec is taken
+// for a privileged container's, which lists every device of the host.
+const manyDevices = 8
+
 func checkDevices(devices []specs.LinuxDevice, fail failFunc) {
+	var host []specs.LinuxDevice
 	for _, d := range devices {
 		if std, ok := standardDevices[d.Path]; ok && d.Type == "c" && d.Major == std.major && d.Minor == std.minor {
 			continue
 		}
+		host = append(host, d)
+	}
+	if len(host) > manyDevices {
+		fail(errdefs.ErrNotImplemented, "linux.devices: %d host devices (%s, %s, ...), as a privileged container gets them; the VM has only its own: "+
+			"run it without them (containerd's CRI: privileged_without_host_devices = true for the runtime; Docker and nerdctl: no --privileged)",
+			len(host), host[0].Path, host[1].Path)
+		return
+	}
+	for _, d := range host {
 		fail(errdefs.ErrNotImplemented, "linux.devices: device %s (%s %d:%d) is a host device; the VM has only its own", d.Path, d.Type, d.Major, d.Minor)
 	}
 }

@@ -150,3 +150,17 @@ func TestPodResources(t *testing.T) {
 		t.Fatalf("malformed: %v", err)
 	}
 }
+
+func TestPrivilegedHostDevicesNamed(t *testing.T) {
+	s := hostSpec()
+	for i := range 40 {
+		s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: "/dev/sd" + string(rune('a'+i%26)), Type: "b", Major: 8, Minor: int64(i)})
+	}
+	_, err := GuestSpec(s, "x")
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "40 host devices") || !strings.Contains(err.Error(), "privileged_without_host_devices") {
+		t.Fatalf("err = %v", err)
+	}
+	if n := strings.Count(err.Error(), "linux.devices"); n != 1 {
+		t.Errorf("%d device errors, want one for all", n)
+	}
+}
