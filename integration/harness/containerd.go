@@ -1,8 +1,9 @@
 // Package harness starts private containerd instances (1.6 from Debian,
 // 2.4 built from source) and drives them with their own ctr, for the
 // integration tests. Each instance has its root, state, sockets and log
-// under the test's temporary directory, CRI disabled, and Cocoon's shim
-// on its PATH; nothing of the host's containerd is touched.
+// under the test's temporary directory, CRI disabled (WithCRI enables it,
+// see cri.go), and Cocoon's shim on its PATH; nothing of the host's
+// containerd is touched.
 package harness
 
 import (
@@ -59,6 +60,9 @@ type Containerd struct {
 	ShimDir string
 	// Env is added to containerd's environment (and so the shims').
 	Env []string
+
+	// cri is the CRI set-up of WithCRI; nil: CRI is disabled.
+	cri *criSetup
 
 	// t is the test that started the instance, nil outside tests.
 	t testing.TB
@@ -157,15 +161,28 @@ func Start(version string, opts ...Option) (*Containerd, error) {
 			return nil, fmt.Errorf("build the shim: %w", err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(c.config(b.configVersion, b.disabled)), 0o644); err != nil {
+	config := c.config(b.configVersion, b.disabled)
+	if c.cri != nil {
+		config, err = c.prepareCRI(b.configVersion, b.disabled)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.toml"), []byte(config), 0o644)
+	}
+	if err == nil {
+		err = c.launch()
+	}
+	if err != nil {
+		if c.cri != nil {
+			_ = c.stopCRI()
+		}
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := c.launch(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	err = c.waitReady(30 * time.Second)
+	if err == nil && c.cri != nil {
+		err = c.importPause()
 	}
-	if err := c.waitReady(30 * time.Second); err != nil {
+	if err != nil {
 		log := c.Log()
 		_ = c.Stop()
 		return nil, fmt.Errorf("containerd %s: %v\n%s", version, err, log)
@@ -277,10 +294,14 @@ func (c *Containerd) stop() error {
 	}
 	c.killShims()
 	_ = exec.Command("umount", "-R", "-l", c.Dir).Run()
-	if err := os.RemoveAll(c.Dir); err != nil {
-		return fmt.Errorf("remove %s: %v", c.Dir, err)
+	var errs []error
+	if c.cri != nil {
+		errs = append(errs, c.stopCRI())
 	}
-	return nil
+	if err := os.RemoveAll(c.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %v", c.Dir, err))
+	}
+	return errors.Join(errs...)
 }
 
 // killShims ends the shims left by this instance's users (their -address
@@ -354,7 +375,12 @@ func (c *Containerd) Log() string {
 // CtrCommand returns a ctr command against this instance in its
 // namespace, bound to ctx.
 func (c *Containerd) CtrCommand(ctx context.Context, args ...string) *exec.Cmd {
-	full := append([]string{"--address", c.Address, "--namespace", c.Namespace}, args...)
+	return c.ctrCommandIn(ctx, c.Namespace, args...)
+}
+
+// ctrCommandIn is CtrCommand in namespace ns.
+func (c *Containerd) ctrCommandIn(ctx context.Context, ns string, args ...string) *exec.Cmd {
+	full := append([]string{"--address", c.Address, "--namespace", ns}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(c.Bin, "ctr"), full...)
 	cmd.Env = append(os.Environ(), c.Env...)
 	return cmd

@@ -42,11 +42,10 @@ func FindShimDir() (string, error) {
 }
 
 func buildShim() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
 	// One fixed directory, rebuilt by each test binary: nothing piles up.
 	dir := filepath.Join(os.TempDir(), "cocoon-shim-bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -58,6 +57,15 @@ func buildShim() (string, error) {
 		return "", &buildError{err: err, out: string(out)}
 	}
 	return dir, nil
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
 type buildError struct {
