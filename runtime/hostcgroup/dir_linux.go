@@ -94,13 +94,14 @@ func writeProcs(dir string, pid int) error {
 }
 
 // move moves pid into each hierarchy's dir (to is true) or back to its
-// prev. A failure moves it back where it was in the hierarchies it was
-// already moved in, so that it is never left split between the two.
+// prev, or, if prev is gone since, to prev's nearest ancestor. A failure
+// moves it back where it was in the hierarchies it was already moved in,
+// so that it is never left split between the two.
 func move(hs []hierarchy, pid int, to bool) error {
 	for i, h := range hs {
 		dst, src := h.dir, h.prev
 		if !to {
-			dst, src = src, dst
+			dst, src = nearest(src, h.mount), dst
 		}
 		if err := writeProcs(dst, pid); err != nil {
 			for _, done := range hs[:i] {
@@ -114,6 +115,16 @@ func move(hs []hierarchy, pid int, to bool) error {
 		}
 	}
 	return nil
+}
+
+// nearest is dir, or if it is gone its nearest ancestor, up to mount.
+func nearest(dir, mount string) string {
+	for ; len(dir) > len(mount); dir = filepath.Dir(dir) {
+		if _, err := os.Lstat(dir); err == nil {
+			break
+		}
+	}
+	return dir
 }
 
 // procs returns the pids of the processes in the cgroup at dir (not in

@@ -288,8 +288,9 @@ func (g *Group) Update(l Limits) error {
 	return nil
 }
 
-// Leave moves the process back to the cgroups it was in before Join and
-// removes the group from every hierarchy. It kills nothing: a group that
+// Leave moves the process back to the cgroups it was in before Join (to
+// the nearest ancestor of one that is gone since) and removes the group
+// from every hierarchy. It kills nothing: a group that
 // still holds a process (a VMM not yet gone) is left, with an
 // ErrFailedPrecondition naming what it holds, and Leave may be called
 // again to remove it once that has ended. Leave after the group was
