@@ -146,6 +146,8 @@ type Service struct {
 	share *sharedDir
 	// shm is the sandbox's /dev/shm, mounted when first needed.
 	shm *sandboxShm
+	// ports counts the connections DialPort forwards (portfwd.go).
+	ports portConns
 
 	// shutdown makes the power-off happen once.
 	shutdown sync.Once

@@ -43,7 +43,7 @@ type streamKey struct {
 }
 
 // parkedStream is a stream that arrived before the call naming it
-// (StartProcess, CreateContainer, ExecProcess, ExportLayer).
+// (StartProcess, CreateContainer, ExecProcess, ExportLayer, DialPort).
 type parkedStream struct {
 	conn  net.Conn
 	timer *time.Timer
@@ -155,7 +155,7 @@ func (r *streamRegistry) claim(ctx context.Context, id string, want []api.Stream
 	}
 	// Take what arrived early; a parked stream of a kind the process did
 	// not ask for is a host error and is dropped.
-	for _, kind := range []api.StreamKind{api.StreamStdin, api.StreamStdout, api.StreamStderr, api.StreamLayer} {
+	for _, kind := range []api.StreamKind{api.StreamStdin, api.StreamStdout, api.StreamStderr, api.StreamLayer, api.StreamPort} {
 		key := streamKey{id, kind}
 		p := r.parked[key]
 		if p == nil {

@@ -2317,6 +2317,70 @@ func (x *ConfigureNetworkRequest) GetRoutes() []*NetworkRoute {
 	return nil
 }
 
+type DialPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// port is the TCP port, 1-65535.
+	Port uint32 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	// ipv6 dials ::1 instead of 127.0.0.1.
+	Ipv6 bool `protobuf:"varint,2,opt,name=ipv6,proto3" json:"ipv6,omitempty"`
+	// stream_id names the port stream, as process ids name stdio
+	// streams ([A-Za-z0-9._-]{1,64}).
+	StreamId      string `protobuf:"bytes,3,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialPortRequest) Reset() {
+	*x = DialPortRequest{}
+	mi := &file_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialPortRequest) ProtoMessage() {}
+
+func (x *DialPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialPortRequest.ProtoReflect.Descriptor instead.
+func (*DialPortRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DialPortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *DialPortRequest) GetIpv6() bool {
+	if x != nil {
+		return x.Ipv6
+	}
+	return false
+}
+
+func (x *DialPortRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2476,7 +2540,11 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"interfaces\x18\x01 \x03(\v2!.cocoon.agent.v1.NetworkInterfaceR\n" +
 	"interfaces\x125\n" +
-	"\x06routes\x18\x02 \x03(\v2\x1d.cocoon.agent.v1.NetworkRouteR\x06routes2\xa0\x10\n" +
+	"\x06routes\x18\x02 \x03(\v2\x1d.cocoon.agent.v1.NetworkRouteR\x06routes\"V\n" +
+	"\x0fDialPortRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x12\n" +
+	"\x04ipv6\x18\x02 \x01(\bR\x04ipv6\x12\x1b\n" +
+	"\tstream_id\x18\x03 \x01(\tR\bstreamId2\xe6\x10\n" +
 	"\x05Agent\x12C\n" +
 	"\x04Ping\x12\x1c.cocoon.agent.v1.PingRequest\x1a\x1d.cocoon.agent.v1.PingResponse\x12R\n" +
 	"\tSyncGuest\x12!.cocoon.agent.v1.SyncGuestRequest\x1a\".cocoon.agent.v1.SyncGuestResponse\x12[\n" +
@@ -2490,7 +2558,8 @@ const file_agent_proto_rawDesc = "" +
 	"\bShutdown\x12 .cocoon.agent.v1.ShutdownRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\x11FreezeFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a*.cocoon.agent.v1.FreezeFilesystemsResponse\x12A\n" +
 	"\x0fThawFilesystems\x12\x16.cocoon.agent.v1.Empty\x1a\x16.cocoon.agent.v1.Empty\x12T\n" +
-	"\x10ConfigureNetwork\x12(.cocoon.agent.v1.ConfigureNetworkRequest\x1a\x16.cocoon.agent.v1.Empty\x12d\n" +
+	"\x10ConfigureNetwork\x12(.cocoon.agent.v1.ConfigureNetworkRequest\x1a\x16.cocoon.agent.v1.Empty\x12D\n" +
+	"\bDialPort\x12 .cocoon.agent.v1.DialPortRequest\x1a\x16.cocoon.agent.v1.Empty\x12d\n" +
 	"\x0fCreateContainer\x12'.cocoon.agent.v1.CreateContainerRequest\x1a(.cocoon.agent.v1.CreateContainerResponse\x12K\n" +
 	"\x0eStartContainer\x12!.cocoon.agent.v1.ContainerRequest\x1a\x16.cocoon.agent.v1.Empty\x12W\n" +
 	"\rProvisionUser\x12%.cocoon.agent.v1.ProvisionUserRequest\x1a\x1f.cocoon.agent.v1.ExecUserReport\x12Y\n" +
@@ -2518,7 +2587,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_agent_proto_goTypes = []any{
 	(Event_Kind)(0),                   // 0: cocoon.agent.v1.Event.Kind
 	(*ContainerRequest)(nil),          // 1: cocoon.agent.v1.ContainerRequest
@@ -2556,6 +2625,7 @@ var file_agent_proto_goTypes = []any{
 	(*NetworkInterface)(nil),          // 33: cocoon.agent.v1.NetworkInterface
 	(*NetworkRoute)(nil),              // 34: cocoon.agent.v1.NetworkRoute
 	(*ConfigureNetworkRequest)(nil),   // 35: cocoon.agent.v1.ConfigureNetworkRequest
+	(*DialPortRequest)(nil),           // 36: cocoon.agent.v1.DialPortRequest
 }
 var file_agent_proto_depIdxs = []int32{
 	4,  // 0: cocoon.agent.v1.Rootfs.layers:type_name -> cocoon.agent.v1.Disk
@@ -2580,46 +2650,48 @@ var file_agent_proto_depIdxs = []int32{
 	18, // 19: cocoon.agent.v1.Agent.FreezeFilesystems:input_type -> cocoon.agent.v1.Empty
 	18, // 20: cocoon.agent.v1.Agent.ThawFilesystems:input_type -> cocoon.agent.v1.Empty
 	35, // 21: cocoon.agent.v1.Agent.ConfigureNetwork:input_type -> cocoon.agent.v1.ConfigureNetworkRequest
-	6,  // 22: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
-	1,  // 23: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	9,  // 24: cocoon.agent.v1.Agent.ProvisionUser:input_type -> cocoon.agent.v1.ProvisionUserRequest
-	11, // 25: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
-	12, // 26: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
-	1,  // 27: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	2,  // 28: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
-	1,  // 29: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 30: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
-	13, // 31: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
-	1,  // 32: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
-	1,  // 33: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
-	16, // 34: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
-	20, // 35: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
-	22, // 36: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
-	24, // 37: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	26, // 38: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
-	18, // 39: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
-	18, // 40: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
-	18, // 41: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
-	24, // 42: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	18, // 43: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
-	30, // 44: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
-	18, // 45: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
-	18, // 46: cocoon.agent.v1.Agent.ConfigureNetwork:output_type -> cocoon.agent.v1.Empty
-	7,  // 47: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.CreateContainerResponse
-	18, // 48: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
-	10, // 49: cocoon.agent.v1.Agent.ProvisionUser:output_type -> cocoon.agent.v1.ExecUserReport
-	24, // 50: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
-	18, // 51: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 52: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
-	3,  // 53: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
-	18, // 54: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 55: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
-	18, // 56: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
-	14, // 57: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
-	15, // 58: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
-	17, // 59: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
-	35, // [35:60] is the sub-list for method output_type
-	10, // [10:35] is the sub-list for method input_type
+	36, // 22: cocoon.agent.v1.Agent.DialPort:input_type -> cocoon.agent.v1.DialPortRequest
+	6,  // 23: cocoon.agent.v1.Agent.CreateContainer:input_type -> cocoon.agent.v1.CreateContainerRequest
+	1,  // 24: cocoon.agent.v1.Agent.StartContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	9,  // 25: cocoon.agent.v1.Agent.ProvisionUser:input_type -> cocoon.agent.v1.ProvisionUserRequest
+	11, // 26: cocoon.agent.v1.Agent.ExecProcess:input_type -> cocoon.agent.v1.ExecProcessRequest
+	12, // 27: cocoon.agent.v1.Agent.KillContainer:input_type -> cocoon.agent.v1.KillContainerRequest
+	1,  // 28: cocoon.agent.v1.Agent.DeleteContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	2,  // 29: cocoon.agent.v1.Agent.ExportLayer:input_type -> cocoon.agent.v1.ExportLayerRequest
+	1,  // 30: cocoon.agent.v1.Agent.PauseContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 31: cocoon.agent.v1.Agent.ResumeContainer:input_type -> cocoon.agent.v1.ContainerRequest
+	13, // 32: cocoon.agent.v1.Agent.UpdateContainer:input_type -> cocoon.agent.v1.UpdateContainerRequest
+	1,  // 33: cocoon.agent.v1.Agent.ContainerStats:input_type -> cocoon.agent.v1.ContainerRequest
+	1,  // 34: cocoon.agent.v1.Agent.ContainerPids:input_type -> cocoon.agent.v1.ContainerRequest
+	16, // 35: cocoon.agent.v1.Agent.NextEvent:input_type -> cocoon.agent.v1.NextEventRequest
+	20, // 36: cocoon.agent.v1.Agent.Ping:output_type -> cocoon.agent.v1.PingResponse
+	22, // 37: cocoon.agent.v1.Agent.SyncGuest:output_type -> cocoon.agent.v1.SyncGuestResponse
+	24, // 38: cocoon.agent.v1.Agent.StartProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	26, // 39: cocoon.agent.v1.Agent.WaitProcess:output_type -> cocoon.agent.v1.WaitProcessResponse
+	18, // 40: cocoon.agent.v1.Agent.SignalProcess:output_type -> cocoon.agent.v1.Empty
+	18, // 41: cocoon.agent.v1.Agent.CloseStdin:output_type -> cocoon.agent.v1.Empty
+	18, // 42: cocoon.agent.v1.Agent.ResizePty:output_type -> cocoon.agent.v1.Empty
+	24, // 43: cocoon.agent.v1.Agent.AttachProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 44: cocoon.agent.v1.Agent.Shutdown:output_type -> cocoon.agent.v1.Empty
+	30, // 45: cocoon.agent.v1.Agent.FreezeFilesystems:output_type -> cocoon.agent.v1.FreezeFilesystemsResponse
+	18, // 46: cocoon.agent.v1.Agent.ThawFilesystems:output_type -> cocoon.agent.v1.Empty
+	18, // 47: cocoon.agent.v1.Agent.ConfigureNetwork:output_type -> cocoon.agent.v1.Empty
+	18, // 48: cocoon.agent.v1.Agent.DialPort:output_type -> cocoon.agent.v1.Empty
+	7,  // 49: cocoon.agent.v1.Agent.CreateContainer:output_type -> cocoon.agent.v1.CreateContainerResponse
+	18, // 50: cocoon.agent.v1.Agent.StartContainer:output_type -> cocoon.agent.v1.Empty
+	10, // 51: cocoon.agent.v1.Agent.ProvisionUser:output_type -> cocoon.agent.v1.ExecUserReport
+	24, // 52: cocoon.agent.v1.Agent.ExecProcess:output_type -> cocoon.agent.v1.StartProcessResponse
+	18, // 53: cocoon.agent.v1.Agent.KillContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 54: cocoon.agent.v1.Agent.DeleteContainer:output_type -> cocoon.agent.v1.Empty
+	3,  // 55: cocoon.agent.v1.Agent.ExportLayer:output_type -> cocoon.agent.v1.ExportLayerResponse
+	18, // 56: cocoon.agent.v1.Agent.PauseContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 57: cocoon.agent.v1.Agent.ResumeContainer:output_type -> cocoon.agent.v1.Empty
+	18, // 58: cocoon.agent.v1.Agent.UpdateContainer:output_type -> cocoon.agent.v1.Empty
+	14, // 59: cocoon.agent.v1.Agent.ContainerStats:output_type -> cocoon.agent.v1.ContainerStatsResponse
+	15, // 60: cocoon.agent.v1.Agent.ContainerPids:output_type -> cocoon.agent.v1.ContainerPidsResponse
+	17, // 61: cocoon.agent.v1.Agent.NextEvent:output_type -> cocoon.agent.v1.Event
+	36, // [36:62] is the sub-list for method output_type
+	10, // [10:36] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2636,7 +2708,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ type AgentService interface {
 	FreezeFilesystems(context.Context, *Empty) (*FreezeFilesystemsResponse, error)
 	ThawFilesystems(context.Context, *Empty) (*Empty, error)
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*Empty, error)
+	DialPort(context.Context, *DialPortRequest) (*Empty, error)
 	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
 	StartContainer(context.Context, *ContainerRequest) (*Empty, error)
 	ProvisionUser(context.Context, *ProvisionUserRequest) (*ExecUserReport, error)
@@ -121,6 +122,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ConfigureNetwork(ctx, &req)
+			},
+			"DialPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req DialPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.DialPort(ctx, &req)
 			},
 			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req CreateContainerRequest
@@ -318,6 +326,14 @@ func (c *agentClient) ThawFilesystems(ctx context.Context, req *Empty) (*Empty, 
 func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) DialPort(ctx context.Context, req *DialPortRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "cocoon.agent.v1.Agent", "DialPort", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

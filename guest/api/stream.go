@@ -9,9 +9,11 @@ import (
 
 // The agent channel carries one yamux session. The host opens every stream
 // and starts it with a header that says what the stream is for: the control
-// stream (ttrpc), one stdio stream of a process, or the stream a
-// container's writable layer comes back on (ExportLayer). The guest reads the
-// header before anything else and drops the stream if it is malformed.
+// stream (ttrpc), one stdio stream of a process, the stream a
+// container's writable layer comes back on (ExportLayer), or a TCP
+// connection forwarded to a port of the guest's loopback (DialPort). The
+// guest reads the header before anything else and drops the stream if it
+// is malformed.
 //
 // Header layout (all fields fixed-size except the id):
 //
@@ -33,6 +35,9 @@ const (
 	// StreamLayer carries a container's writable layer as a layer diff,
 	// guest to host; its id is the stream_id of ExportLayer.
 	StreamLayer
+	// StreamPort carries a TCP connection to a port of the guest's
+	// loopback, both ways; its id is the stream_id of DialPort.
+	StreamPort
 )
 
 func (k StreamKind) String() string {
@@ -47,6 +52,8 @@ func (k StreamKind) String() string {
 		return "stderr"
 	case StreamLayer:
 		return "layer"
+	case StreamPort:
+		return "port"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -67,8 +74,9 @@ func ValidID(id string) error {
 // StreamHeader opens every stream of the agent session.
 type StreamHeader struct {
 	Kind StreamKind
-	// ID names the process for stdio streams and the export for a layer
-	// stream; empty for the control stream.
+	// ID names the process for stdio streams, the export for a layer
+	// stream and the dial for a port stream; empty for the control
+	// stream.
 	ID string
 }
 
@@ -123,7 +131,7 @@ func (h StreamHeader) validate() error {
 			return errors.New("control stream carries no id")
 		}
 		return nil
-	case StreamStdin, StreamStdout, StreamStderr, StreamLayer:
+	case StreamStdin, StreamStdout, StreamStderr, StreamLayer, StreamPort:
 		return ValidID(h.ID)
 	}
 	return fmt.Errorf("unknown stream kind %d", uint8(h.Kind))

@@ -13,6 +13,7 @@ func TestStreamHeaderRoundTrip(t *testing.T) {
 		{Kind: StreamStdout, ID: "a.b_c-D"},
 		{Kind: StreamStderr, ID: string(bytes.Repeat([]byte("x"), MaxIDLen))},
 		{Kind: StreamLayer, ID: "p17"},
+		{Kind: StreamPort, ID: "p18"},
 	} {
 		var buf bytes.Buffer
 		if err := WriteStreamHeader(&buf, h); err != nil {
@@ -34,6 +35,7 @@ func TestStreamHeaderRejects(t *testing.T) {
 		{Kind: StreamControl, ID: "x"},
 		{Kind: StreamStdout},
 		{Kind: StreamStdin, ID: "bad/id"},
+		{Kind: StreamPort},
 		{Kind: 9, ID: "x"},
 	} {
 		if err := WriteStreamHeader(&bytes.Buffer{}, h); err == nil {

@@ -61,8 +61,9 @@ type callBound struct {
 // waitingMethods are the calls that wait for something to happen in the
 // guest rather than work on a request: they do not count as guest time.
 // ExportLayer lasts as long as the layer takes to stream: its caller
-// bounds it, and ExportLayer counts its time itself.
-var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true, "ExportLayer": true}
+// bounds it, and ExportLayer counts its time itself. DialPort waits for
+// a listener in the guest, and its caller bounds it.
+var waitingMethods = map[string]bool{"WaitProcess": true, "NextEvent": true, "ExportLayer": true, "DialPort": true}
 
 // account adds the duration of each call but the waiting ones to the
 // guest time.
