@@ -13,6 +13,7 @@ import (
 	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/network"
+	"github.com/cocoonrt/cocoon/runtime/portfwd"
 	"github.com/cocoonrt/cocoon/runtime/share"
 )
 
@@ -21,8 +22,9 @@ import (
 const netnsFileName = "netns"
 
 // hostSide is what a sandbox keeps on the host besides its VM: the
-// plumbing of its network namespace, the process that holds it, and the
-// share of its containers' bind mounts.
+// plumbing of its network namespace, the process that holds it, the
+// forwarding of its loopback into the guest, and the share of its
+// containers' bind mounts.
 type hostSide struct {
 	// net is the plumbing of the namespace; nil without one.
 	net *network.Plumbed
@@ -31,6 +33,9 @@ type hostSide struct {
 	holder *network.Holder
 	// share holds the containers' bind mounts; nil without one.
 	share *share.Dir
+	// ports forwards the namespace's loopback into the guest
+	// (portfwd.go); nil without a namespace, or when it could not.
+	ports *portfwd.Forwarder
 	// beforeRan: Options.BeforeNetwork was called.
 	beforeRan bool
 }
@@ -72,6 +77,7 @@ func (s *Sandbox) setUpHost(ctx context.Context, o Options, spec *hypervisor.Spe
 			spec.NICs = append(spec.NICs, hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: s.host.net.Taps[i], MAC: iface.MAC, MTU: iface.MTU})
 		}
 		spec.NetNS = path
+		s.forwardPorts(context.WithoutCancel(ctx), path)
 	}
 	if o.Share {
 		d, err := share.New(s.Dir)
@@ -127,6 +133,11 @@ func (s *Sandbox) unshareBinds(id string) error {
 // kernel's to free.
 func (s *Sandbox) closeHost() error {
 	var errs []error
+	if s.host.ports != nil {
+		if err := s.host.ports.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if s.host.net != nil {
 		if err := s.host.net.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("network: %w", err))
