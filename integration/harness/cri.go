@@ -42,10 +42,11 @@ import (
 // CRIConfig is what WithCRI sets up besides the defaults above.
 type CRIConfig struct {
 	// RegistryMirror is host:port of a plain-HTTP registry on 127.0.0.1
-	// that docker.io, registry.k8s.io, gcr.io and quay.io are mirrored to
-	// (hosts.toml files under the instance's registry.config_path), a
-	// repository keeping its path there; containerd passes the registry
-	// it stands for as the ns query parameter. "" mirrors nothing.
+	// that docker.io, registry.k8s.io, k8s.gcr.io, gcr.io and quay.io are
+	// mirrored to (hosts.toml files under the instance's
+	// registry.config_path), a repository keeping its path there;
+	// containerd passes the registry it stands for as the ns query
+	// parameter. "" mirrors nothing.
 	RegistryMirror string
 }
 
@@ -68,7 +69,9 @@ const (
 )
 
 // criMirrored are the registries CRIConfig.RegistryMirror stands in for.
-var criMirrored = []string{"docker.io", "registry.k8s.io", "gcr.io", "quay.io"}
+// k8s.gcr.io, registry.k8s.io's former name, for critest, which pulls
+// the same image under both.
+var criMirrored = []string{"docker.io", "registry.k8s.io", "k8s.gcr.io", "gcr.io", "quay.io"}
 
 // criPlugins are containerd's plugins that make up CRI, which a CRI
 // instance does not disable; the others of a build's disabled list
