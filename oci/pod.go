@@ -170,3 +170,13 @@ func PodResources(spec *specs.Spec) (*specs.LinuxResources, error) {
 	}
 	return &r, nil
 }
+
+// PodCgroupsPath is the host cgroup of a pod's sandbox container, in the
+// pod's cgroup: what runc would put the pause process in, and what
+// Cocoon puts the pod's VM in. "" for another spec, or one without.
+func PodCgroupsPath(spec *specs.Spec) string {
+	if !IsPodSandbox(spec) || spec.Linux == nil {
+		return ""
+	}
+	return spec.Linux.CgroupsPath
+}

@@ -122,8 +122,9 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: hh != nil,
 		// A pod's later containers bring volumes, and the VM cannot
 		// gain a share once it runs.
-		Share:     len(oci.Binds(spec)) > 0 || oci.IsPodSandbox(spec),
-		Resources: res,
+		Share:       len(oci.Binds(spec)) > 0 || oci.IsPodSandbox(spec),
+		Resources:   res,
+		CgroupsPath: oci.PodCgroupsPath(spec),
 	}
 	// The first container's create hooks run in the boot, before the
 	// VM's NICs are made from the namespace they fill.

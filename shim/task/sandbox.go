@@ -47,6 +47,11 @@ type LaunchRequest struct {
 	// Resources are the first container's limits, which size the VM
 	// (oci.SizeForResources); nil for none.
 	Resources *specs.LinuxResources
+	// CgroupsPath is the host cgroup of a pod's sandbox container
+	// (its spec's linux.cgroupsPath, in the pod's cgroup), which the
+	// shim joins before it starts the VM, so that the pod's cgroup
+	// holds what the VM uses; "" for none.
+	CgroupsPath string
 	// NewNetNS, HoldNetNS, BeforeNetwork, UndoNetwork and Share are
 	// sandbox.Options' (oci.HostNetwork decides the namespace).
 	NewNetNS      bool

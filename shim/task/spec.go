@@ -3,7 +3,6 @@ package task
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/rootfs"
 )
 
@@ -24,31 +24,9 @@ var (
 	linuxResourcesURL = specURLPrefix + "LinuxResources"
 )
 
-// maxSpecBytes bounds the config.json read from a bundle.
-const maxSpecBytes = 16 << 20
-
 // readSpec reads the OCI spec of a bundle.
 func readSpec(bundle string) (*specs.Spec, error) {
-	if !filepath.IsAbs(bundle) {
-		return nil, fmt.Errorf("bundle %q: %w: want an absolute path", bundle, errdefs.ErrInvalidArgument)
-	}
-	p := filepath.Join(bundle, "config.json")
-	st, err := os.Stat(p)
-	if err != nil {
-		return nil, fmt.Errorf("read OCI spec: %w", err)
-	}
-	if st.Size() > maxSpecBytes {
-		return nil, fmt.Errorf("OCI spec %s: %w: %d bytes, at most %d", p, errdefs.ErrInvalidArgument, st.Size(), maxSpecBytes)
-	}
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("read OCI spec: %w", err)
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("OCI spec %s: %w: %v", p, errdefs.ErrInvalidArgument, err)
-	}
-	return &s, nil
+	return oci.ReadBundleSpec(bundle)
 }
 
 // decodeJSONAny decodes an Any holding one of containerd's JSON-encoded
