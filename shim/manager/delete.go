@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/cocoonrt/cocoon/oci"
+	"github.com/cocoonrt/cocoon/runtime/hostcgroup"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/share"
 )
@@ -46,6 +48,7 @@ func deleteAction(ctx context.Context, f flags, env Env) error {
 	default:
 		return err
 	}
+	removePodCgroup(ctx, bundle, st.Address)
 	if err := share.UnmountAll(filepath.Join(bundle, "rootfs")); err != nil {
 		log.G(ctx).WithError(err).Warn("unmount the bundle's rootfs")
 	}
@@ -77,4 +80,23 @@ func cleanupSandbox(ctx context.Context, st bundleState) error {
 	}
 	removeSocket(st.Address)
 	return nil
+}
+
+// removePodCgroup removes the host cgroup that the shim of a pod's
+// sandbox container joined (hostcgroup.Join), once that shim is gone:
+// it leaves it itself when it stops the VM, but not when it dies. It
+// kills nothing; a cgroup that still holds a process is left, logged.
+func removePodCgroup(ctx context.Context, bundle, address string) {
+	spec, err := oci.ReadBundleSpec(bundle)
+	if err != nil {
+		log.G(ctx).WithError(err).Debug("no spec in the bundle: no pod cgroup to remove")
+		return
+	}
+	path := oci.PodCgroupsPath(spec)
+	if path == "" || (address != "" && canConnect(address)) {
+		return
+	}
+	if err := hostcgroup.Remove(path); err != nil {
+		log.G(ctx).WithError(err).Warn("remove the pod's cgroup")
+	}
 }

@@ -2,8 +2,10 @@ package vm
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -12,6 +14,7 @@ import (
 	"github.com/cocoonrt/cocoon/oci"
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/config"
+	"github.com/cocoonrt/cocoon/runtime/hostcgroup"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor/qemu"
 	"github.com/cocoonrt/cocoon/runtime/image"
@@ -29,11 +32,34 @@ type Launcher struct {
 
 var _ task.Launcher = Launcher{}
 
-// Launch boots the sandbox r names.
-func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbox, error) {
+// HostOverheadMiB is what a VM costs the host besides its guest's
+// memory: QEMU's own memory (about 37 MiB, docs/performance.md), the
+// shim's (about 17 MiB), virtiofsd's, and the page cache of the files
+// they read and write that is charged to them. A pod's cgroup on the
+// host is bounded to the guest's memory plus this
+// (docs/kubernetes.md); the RuntimeClass's overhead says the same.
+const HostOverheadMiB = 128
+
+// Launch boots the sandbox r names. A pod's sandbox joins the pod's
+// cgroup on the host first (r.CgroupsPath), so that what it starts is
+// in it, bounded to the VM's size and HostOverheadMiB.
+func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (_ task.Sandbox, retErr error) {
 	o, err := l.options(r)
 	if err != nil {
 		return nil, err
+	}
+	var group *hostcgroup.Group
+	if r.CgroupsPath != "" {
+		limits := hostcgroup.LimitsForVM(o.Config.Hypervisor.MemoryMiB, o.Config.Hypervisor.VCPUs, HostOverheadMiB)
+		if group, err = hostcgroup.Join(r.CgroupsPath, limits); err != nil {
+			return nil, fmt.Errorf("the pod's cgroup on the host: %w", err)
+		}
+		log.G(ctx).WithFields(log.Fields{"cgroup": group.Path(), "memory_bytes": group.Limits().MemoryBytes, "cpu_quota": group.Limits().CPUQuota}).Info("shim joined the pod's cgroup")
+		defer func() {
+			if retErr != nil {
+				leaveCgroup(ctx, group)
+			}
+		}()
 	}
 	store := template.Open(o.Config.Runtime.DataDir)
 	sb, use, err := sandbox.StartWithTemplate(ctx, o, store)
@@ -49,7 +75,17 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (task.Sandbo
 			l.makeTemplate(ctx, store, r, use.Key)
 		}
 	}
-	return newVMSandbox(sb), nil
+	v := newVMSandbox(sb)
+	v.cgroup = group
+	return v, nil
+}
+
+// leaveCgroup moves the shim out of group and removes it, logging what
+// keeps it.
+func leaveCgroup(ctx context.Context, group *hostcgroup.Group) {
+	if err := group.Leave(); err != nil {
+		log.G(ctx).WithError(err).Warn("leave the pod's cgroup")
+	}
 }
 
 // Restore brings the sandbox r names back from the checkpoint in dir,
@@ -123,6 +159,20 @@ type vmSandbox struct {
 	// events carries the sandbox's events as task events; closed with
 	// the sandbox's channel.
 	events chan task.SandboxEvent
+	// cgroup is the pod's cgroup the shim joined for the VM; nil for
+	// none. The first Stop that stopped the VM leaves it.
+	cgroup *hostcgroup.Group
+	left   sync.Once
+}
+
+// Stop stops the VM, then leaves the pod's cgroup, which nothing of the
+// VM's holds any more.
+func (v *vmSandbox) Stop(ctx context.Context) error {
+	err := v.Sandbox.Stop(ctx)
+	if v.cgroup != nil && err == nil {
+		v.left.Do(func() { leaveCgroup(ctx, v.cgroup) })
+	}
+	return err
 }
 
 func newVMSandbox(sb *sandbox.Sandbox) *vmSandbox {
