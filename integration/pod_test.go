@@ -46,7 +46,8 @@ func TestCRIPod(t *testing.T) {
 // TestCRIPodOneVM checks what makes a Cocoon pod one VM: its containers
 // see one guest kernel (not the host's) and one /etc/hosts, each has a
 // root filesystem of its own, they share the pod's /dev/shm and
-// hostname; stats of a container and of the pod; a container whose
+// hostname; stats of a container and of the pod; crictl update reaches
+// the guest's cgroup; a container whose
 // memory passes its limit is OOMKilled; another one restarts in the pod
 // as kubelet restarts one; and after rmp the pod's VM is gone.
 func TestCRIPodOneVM(t *testing.T) {
@@ -102,6 +103,13 @@ func TestCRIPodOneVM(t *testing.T) {
 			}
 
 			checkCRIStats(t, x, a, podID)
+
+			// UpdateContainerResources reaches the container's cgroup in
+			// the guest.
+			x.MustRun("update", "--memory", "104857600", b)
+			if got := strings.TrimSpace(x.ExecSync(t, b, "sh", "-c", "cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory.max")); got != "104857600" {
+				t.Errorf("b's memory.max after crictl update: %q, want 104857600", got)
+			}
 
 			// OOM: the guest's kernel kills the container's process;
 			// CRI reports the reason.
