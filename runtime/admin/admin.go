@@ -28,6 +28,9 @@ type Env struct {
 	// AccelHost and ChannelHost are the host facts selection uses.
 	AccelHost   hypervisor.AccelHost
 	ChannelHost channel.Host
+	// ContainerdConfig is the containerd config file whose CRI handler
+	// check reports; empty: containerd's default.
+	ContainerdConfig string
 }
 
 // LoadEnv loads the configuration from path (empty: the default places)

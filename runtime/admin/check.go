@@ -68,6 +68,7 @@ func (e *Env) Check(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(w, "  digests: verified\n")
 
 	fmt.Fprintf(w, "containerd: %s\n", containerdStatus(ctx))
+	fmt.Fprintf(w, "containerd CRI: %s\n", criStatus(ctx, e.ContainerdConfig))
 	fmt.Fprintf(w, "template: %s\n", e.templateStatus())
 	fmt.Fprintf(w, "networking: %s\n", networkStatus(accel))
 	fmt.Fprintf(w, "virtio-fs: %s\n", virtiofsStatus(ctx, cfg.Hypervisor.Virtiofsd))
