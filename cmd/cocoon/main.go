@@ -1,6 +1,7 @@
 // Command cocoon is Cocoon's admin CLI: check the host, run a command in a
 // throwaway microVM, list and clean up sandboxes, inspect a checkpoint,
-// make, list and remove templates, print the configuration.
+// make, list and remove templates, print the configuration, install on a
+// Kubernetes node and print containerd's CRI configuration.
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cocoonrt/cocoon/runtime/admin"
 	"github.com/cocoonrt/cocoon/runtime/config"
+	"github.com/cocoonrt/cocoon/runtime/containerdconfig"
 	"github.com/cocoonrt/cocoon/runtime/version"
 )
 
@@ -43,11 +45,15 @@ func main() {
 			{
 				Name:  "check",
 				Usage: "report what this host offers and boot a throwaway VM to agent readiness",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "containerd-config", Usage: "the containerd config file whose CRI handler to report (default: containerd's, " + containerdconfig.DefaultPath + ")"},
+				},
 				Action: func(c *cli.Context) error {
 					env, err := admin.LoadEnv(c.String("config"))
 					if err != nil {
 						return err
 					}
+					env.ContainerdConfig = c.String("containerd-config")
 					return env.Check(c.Context, os.Stdout)
 				},
 			},
@@ -112,6 +118,8 @@ func main() {
 			},
 			checkpointCommand(),
 			templateCommand(),
+			deployCommand(),
+			containerdConfigCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
