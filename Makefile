@@ -5,6 +5,7 @@ SHELL := /bin/bash
 GO ?= go
 PREFIX ?= /usr/local
 SHARE_DIR ?= $(PREFIX)/share/cocoon
+DOC_DIR ?= $(PREFIX)/share/doc/cocoon
 GUEST_DIR ?= build/guest
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/cocoonrt/cocoon/runtime/version.Version=$(VERSION)
@@ -22,7 +23,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fs
 	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
 	python3 libseccomp-dev libcap-dev criu
 
-.PHONY: all build guest install deps demo test test-deps test-unit test-integration check-fresh bench proto clean FORCE
+.PHONY: all build guest install deploy-root deps demo test test-deps test-unit test-integration check-fresh bench proto clean FORCE
 
 all: build
 
@@ -54,6 +55,16 @@ bin/cocoon-agent: $(GO_SOURCES)
 guest: bin/cocoon-agent
 	bash guest/image/build.sh bin/cocoon-agent $(GUEST_DIR)
 
+# containerd's CRI configuration for the handler cocoon, for config
+# versions 2 (containerd 1.6, 1.7) and 3 (2.x), as `cocoon
+# containerd-config` prints it from the code `cocoon deploy install`
+# edits containerd's configuration with (docs/containerd.md shows the
+# same, which a test checks).
+CRI_SNIPPETS := build/doc/containerd-cri-v2.toml build/doc/containerd-cri-v3.toml
+build/doc/containerd-cri-v%.toml: bin/cocoon
+	@mkdir -p $(@D)
+	bin/cocoon containerd-config --version $* > $@.tmp && mv $@.tmp $@
+
 # Then the template of the configured shape (docs/templates.md), so that the
 # first sandbox starts from it instead of booting: `cocoon template create`
 # boots a guest once and saves it (a few seconds under TCG), with the
@@ -63,12 +74,22 @@ guest: bin/cocoon-agent
 # skips it, for an install that is not to run VMs.
 INSTALL_TEMPLATE ?= yes
 
-install: build guest
+install: build guest $(CRI_SNIPPETS)
 	install -D -m 0755 bin/cocoon $(PREFIX)/bin/cocoon
 	install -D -m 0755 bin/containerd-shim-cocoon-v2 $(PREFIX)/bin/containerd-shim-cocoon-v2
 	install -d -m 0755 $(SHARE_DIR)
 	install -m 0644 $(GUEST_DIR)/vmlinux $(GUEST_DIR)/initrd.img $(GUEST_DIR)/manifest.json $(SHARE_DIR)/
+	install -D -m 0644 -t $(DOC_DIR) $(CRI_SNIPPETS)
 	$(if $(INSTALL_TEMPLATE),$(PREFIX)/bin/cocoon template create)
+
+# What the cocoon-deploy image holds (deploy/Containerfile): make
+# install's files under $(DEPLOY_ROOT)/usr/local, without a template (a
+# node makes its own). Then, with a container builder:
+#   docker build -f deploy/Containerfile -t ghcr.io/cocoonrt/cocoon-deploy:$(VERSION) $(DEPLOY_ROOT)
+DEPLOY_ROOT ?= build/deploy-root
+deploy-root:
+	rm -rf $(DEPLOY_ROOT)
+	$(MAKE) install PREFIX=$(CURDIR)/$(DEPLOY_ROOT)/usr/local INSTALL_TEMPLATE=
 
 # $(call apt-install-missing,PACKAGES): a recipe that installs those of the
 # Debian PACKAGES that are not installed, nothing else: safe to run again.
