@@ -52,7 +52,16 @@ func (VirtiofsShare) MountShare(dir string) error {
 type sharedDir struct {
 	root string
 	m    ShareMounter
+	once onceMount
+}
 
+func newSharedDir(cfg Config) *sharedDir {
+	return &sharedDir{root: cfg.ShareRoot, m: cfg.Share}
+}
+
+// onceMount mounts something on a directory the first time it is
+// needed, and remembers it for the guest's life.
+type onceMount struct {
 	// mu guards mounted; it is held across the mount, so that a second
 	// container waits for the first one's mount rather than mounting
 	// again.
@@ -60,8 +69,28 @@ type sharedDir struct {
 	mounted bool
 }
 
-func newSharedDir(cfg Config) *sharedDir {
-	return &sharedDir{root: cfg.ShareRoot, m: cfg.Share}
+// do makes dir (and its parent) if needed and calls mount on it, unless
+// an earlier call did. what names the mount in errors and the log.
+func (o *onceMount) do(ctx context.Context, dir, what string, mount func(dir string) error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.mounted {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	// The mount's root hides the directory's mode; 0700 keeps the mount
+	// point itself to root while nothing is mounted on it.
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := mount(dir); err != nil {
+		return err
+	}
+	o.mounted = true
+	log.G(ctx).WithField("path", dir).Info(what + " mounted")
+	return nil
 }
 
 // under says whether source is root or in it.
@@ -110,24 +139,11 @@ func (d *sharedDir) prepare(ctx context.Context, id string, spec *bundleSpec) er
 
 // mount mounts the share on root once.
 func (d *sharedDir) mount(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mounted {
+	return d.once.do(ctx, d.root, "the host's shared directory", func(dir string) error {
+		if err := d.m.MountShare(dir); err != nil {
+			return fmt.Errorf("mount the directory the host shares (virtio-fs tag %s) on %s: %w: %w",
+				api.ShareTag, dir, errdefs.ErrFailedPrecondition, err)
+		}
 		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(d.root), 0o711); err != nil {
-		return fmt.Errorf("the host's shared directory: %w", err)
-	}
-	// The mount's root hides the directory's mode; 0700 keeps the mount
-	// point itself to root while nothing is mounted on it.
-	if err := os.Mkdir(d.root, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("the host's shared directory: %w", err)
-	}
-	if err := d.m.MountShare(d.root); err != nil {
-		return fmt.Errorf("mount the directory the host shares (virtio-fs tag %s) on %s: %w: %w",
-			api.ShareTag, d.root, errdefs.ErrFailedPrecondition, err)
-	}
-	d.mounted = true
-	log.G(ctx).WithField("path", d.root).Info("host's shared directory mounted")
-	return nil
+	})
 }

@@ -4,16 +4,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path"
-	"path/filepath"
 	"strconv"
-	"sync"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/guest/api"
@@ -27,10 +22,7 @@ import (
 type sandboxShm struct {
 	dir  string
 	size int64
-
-	// mu guards mounted, and is held across the mount.
-	mu      sync.Mutex
-	mounted bool
+	once onceMount
 }
 
 func newSandboxShm(cfg Config) *sandboxShm {
@@ -57,22 +49,11 @@ func (d *sandboxShm) prepare(ctx context.Context, id string, spec *bundleSpec) e
 // mount mounts the tmpfs on dir once: world-writable and sticky, as
 // /dev/shm is, without devices, set-id programs or executables.
 func (d *sandboxShm) mount(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mounted {
+	return d.once.do(ctx, d.dir, "the sandbox's shm", func(dir string) error {
+		data := "mode=1777,size=" + strconv.FormatInt(d.size, 10)
+		if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, data); err != nil {
+			return fmt.Errorf("mount the sandbox's shm on %s: %w", dir, err)
+		}
 		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(d.dir), 0o711); err != nil {
-		return fmt.Errorf("the sandbox's shm: %w", err)
-	}
-	if err := os.Mkdir(d.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("the sandbox's shm: %w", err)
-	}
-	data := "mode=1777,size=" + strconv.FormatInt(d.size, 10)
-	if err := unix.Mount("shm", d.dir, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOEXEC, data); err != nil {
-		return fmt.Errorf("mount the sandbox's shm on %s: %w", d.dir, err)
-	}
-	d.mounted = true
-	log.G(ctx).WithField("path", d.dir).Info("sandbox's shm mounted")
-	return nil
+	})
 }

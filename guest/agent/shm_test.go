@@ -22,8 +22,8 @@ func TestSandboxShm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.prepare(context.Background(), "c", other); err != nil || d.mounted {
-		t.Fatalf("a spec without the shm: mounted %v, %v", d.mounted, err)
+	if err := d.prepare(context.Background(), "c", other); err != nil || d.once.mounted {
+		t.Fatalf("a spec without the shm: mounted %v, %v", d.once.mounted, err)
 	}
 	binds, err := decodeBundleSpec([]byte(`{"mounts":[{"destination":"/dev/shm","type":"bind","source":"` + dir + `","options":["rbind","rw"]}]}`))
 	if err != nil {
