@@ -44,7 +44,8 @@ func TestCRIPod(t *testing.T) {
 }
 
 // TestCRIPodOneVM checks what makes a Cocoon pod one VM: its containers
-// see one guest kernel (not the host's) and one /etc/hosts, each has a
+// see one guest kernel (not the host's) and one /etc/hosts, hostPath
+// volumes read-write and read-only reach them, each has a
 // root filesystem of its own, they share the pod's /dev/shm and
 // hostname; stats of a container and of the pod; crictl update reaches
 // the guest's cgroup; a container whose
@@ -64,8 +65,25 @@ func TestCRIPodOneVM(t *testing.T) {
 			}
 			checkPodCgroup(t, c, podID, qemus[0])
 
-			a := x.CreateContainer(t, podID, x.ContainerConfig("a", img, "sleep", "3600"), pod)
+			// hostPath volumes, read-write and read-only.
+			vol, roVol := t.TempDir(), t.TempDir()
+			if err := os.WriteFile(filepath.Join(roVol, "config"), []byte("from the host\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			aCfg := x.ContainerConfig("a", img, "sleep", "3600")
+			aCfg.Mounts = []harness.Mount{{ContainerPath: "/data", HostPath: vol}, {ContainerPath: "/config", HostPath: roVol, Readonly: true}}
+			a := x.CreateContainer(t, podID, aCfg, pod)
 			x.Start(t, a)
+			x.ExecSync(t, a, "sh", "-c", "echo from the pod > /data/out")
+			if got, err := os.ReadFile(filepath.Join(vol, "out")); err != nil || string(got) != "from the pod\n" {
+				t.Errorf("the hostPath volume on the host: %q, %v", got, err)
+			}
+			if got := x.ExecSync(t, a, "cat", "/config/config"); strings.TrimSpace(got) != "from the host" {
+				t.Errorf("the read-only volume in the pod: %q", got)
+			}
+			if out, _, err := x.Run("exec", "-s", a, "sh", "-c", "echo x > /config/new"); err == nil {
+				t.Errorf("a wrote to its read-only volume: %q", out)
+			}
 			b := x.CreateContainer(t, podID, x.ContainerConfig("b", img, "sleep", "3600"), pod)
 			x.Start(t, b)
 			if got := qemuOf(t, stateDir); len(got) != 1 || got[0] != qemus[0] {
