@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,16 +28,7 @@ import (
 func TestPortForward(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
-			root := t.TempDir()
-			stateDir := filepath.Join(root, "run")
-			cfg := filepath.Join(root, "config.toml")
-			if err := os.WriteFile(cfg, nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { assertClean(t, stateDir) })
-			c := harness.StartContainerd(t, v, harness.WithCRI(harness.CRIConfig{}), harness.WithEnv(
-				"COCOON_CONFIG="+cfg, "COCOON_STATE_DIR="+stateDir, "COCOON_DATA_DIR="+filepath.Join(root, "lib"),
-				"COCOON_TEMPLATE=never", "COCOON_IMAGE_DIR="+testEnv.imageDir))
+			c, _ := criContainerd(t, v)
 			x := harness.NewCrictl(t, c)
 			img := harness.ImportBusyboxCRI(t, c)
 
