@@ -23,7 +23,7 @@ DEB_PACKAGES := qemu-system-x86 qemu-utils runc crun containerd erofs-utils e2fs
 	perl libelf-dev xz-utils linux-source-6.1 protobuf-compiler jq ca-certificates dpkg-dev pkg-config \
 	python3 libseccomp-dev libcap-dev criu
 
-.PHONY: all build guest install deploy-root deps demo test test-deps test-unit test-integration check-fresh bench proto clean FORCE
+.PHONY: all build guest install deploy-root deps demo test test-deps test-unit test-integration check-fresh bench critest proto clean FORCE
 
 all: build
 
@@ -189,6 +189,34 @@ check-fresh:
 bench: build guest test-deps
 	bash integration/debian-image.sh $(TEST_TOOLS)/images iperf3 iperf3
 	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) COCOON_BIN=$(CURDIR)/bin $(GO) run -ldflags '$(LDFLAGS)' ./bench -out bench/results/latest.json
+
+# critest, cri-tools' CRI validation suite, offline (docs/conformance.md):
+# stand-ins of the images it pulls (integration/critest/images.go, made of
+# Debian's busybox, which fetch-busybox.sh downloads, and a static Go
+# program) on a registry on 127.0.0.1 that the CRI containerd mirrors
+# registry.k8s.io, k8s.gcr.io and gcr.io to; per containerd version of
+# CRITEST_CONTAINERD a fresh containerd for each handler of
+# CRITEST_HANDLERS (the cocoon run holding /tmp/cocoon-vm-tests.lock), the
+# counts, and the specs that pass with runc and fail with cocoon. Fails if
+# a spec of integration/critest/baseline-<version>.txt does not pass with
+# cocoon; CRITEST_UPDATE=1 rewrites the baselines from the run instead.
+# CRITEST_FLAGS goes to the runner (-focus REGEXP, -skip REGEXP). Reports
+# and logs in build/critest. Leaves nothing running.
+CRITEST_CONTAINERD ?= 2.4,1.6
+CRITEST_HANDLERS ?= runc,cocoon
+CRITEST_FLAGS ?=
+CRITEST_BUSYBOX ?= $(TEST_TOOLS)/busybox
+
+critest: build guest test-deps
+	bash integration/critest/fetch-busybox.sh $(CRITEST_BUSYBOX)
+	cd integration/critest && $(GO) vet ./... && \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/build/critest/standin ./standin && \
+		$(GO) build -o $(CURDIR)/build/critest/runner .
+	COCOON_IMAGE_DIR=$(CURDIR)/$(GUEST_DIR) COCOON_BIN=$(CURDIR)/bin build/critest/runner \
+		-containerd $(CRITEST_CONTAINERD) -handlers $(CRITEST_HANDLERS) \
+		-critest $(TEST_TOOLS)/cri-tools-1.37/bin/critest -busybox $(CRITEST_BUSYBOX)/bin/busybox \
+		-standin build/critest/standin -out build/critest -baseline-dir integration/critest \
+		$(if $(CRITEST_UPDATE),-update-baseline,-check) $(CRITEST_FLAGS)
 
 proto:
 	cd guest/api && $(GO) generate ./...
