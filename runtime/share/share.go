@@ -165,8 +165,10 @@ func bind(b oci.Bind, target string) error {
 	}
 	defer unix.Close(fd)
 	if b.ReadOnly {
+		// The bind's own mount, not its submounts: "ro" is not
+		// recursive in runc's (and the kernel's) meaning either.
 		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
-		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
 			return fmt.Errorf("make it read-only: %w", err)
 		}
 	}

@@ -190,3 +190,30 @@ func TestRemoveAllKeepsMountedFiles(t *testing.T) {
 		t.Fatalf("RemoveAll of nothing: %v", err)
 	}
 }
+
+// A read-only rbind is read-only itself, and a mount under its source
+// keeps its own flags, as runc makes "ro" (not recursive).
+func TestShareReadOnlyIsNotRecursive(t *testing.T) {
+	f := newFixture(t)
+	sub := filepath.Join(f.hostDir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	if err := f.d.Add("c1", []oci.Bind{{Index: 0, Source: f.hostDir, Destination: "/ro", ReadOnly: true, Recursive: true}}); err != nil {
+		t.Fatal(err)
+	}
+	root := f.d.Root()
+	if err := os.WriteFile(filepath.Join(root, "c1/0/top"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write to the read-only bind: %v, want EROFS", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "c1/0/sub/file"), []byte("x"), 0o644); err != nil {
+		t.Errorf("write to the read-write mount under it: %v", err)
+	}
+	if err := f.d.Remove("c1"); err != nil {
+		t.Fatal(err)
+	}
+}
