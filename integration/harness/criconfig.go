@@ -129,10 +129,28 @@ type Resources struct {
 
 // ContainerSecurityContext is a LinuxContainerSecurityContext.
 type ContainerSecurityContext struct {
-	NamespaceOptions *NamespaceOptions `json:"namespace_options,omitempty"`
-	Privileged       bool              `json:"privileged,omitempty"`
-	RunAsUser        *Int64Value       `json:"run_as_user,omitempty"`
-	ReadonlyRootfs   bool              `json:"readonly_rootfs,omitempty"`
+	NamespaceOptions   *NamespaceOptions `json:"namespace_options,omitempty"`
+	Privileged         bool              `json:"privileged,omitempty"`
+	RunAsUser          *Int64Value       `json:"run_as_user,omitempty"`
+	RunAsGroup         *Int64Value       `json:"run_as_group,omitempty"`
+	SupplementalGroups []int64           `json:"supplemental_groups,omitempty"`
+	ReadonlyRootfs     bool              `json:"readonly_rootfs,omitempty"`
+	Capabilities       *Capabilities     `json:"capabilities,omitempty"`
+	// Seccomp is the container's seccomp profile; an empty one is the
+	// runtime's default (RuntimeDefault, profile type 0).
+	Seccomp *SecurityProfile `json:"seccomp,omitempty"`
+}
+
+// Capabilities are the capabilities a container adds and drops.
+type Capabilities struct {
+	Add  []string `json:"add_capabilities,omitempty"`
+	Drop []string `json:"drop_capabilities,omitempty"`
+}
+
+// SecurityProfile is a seccomp or AppArmor profile: ProfileType 0 is
+// RuntimeDefault, 1 Unconfined, 2 Localhost.
+type SecurityProfile struct {
+	ProfileType int32 `json:"profile_type,omitempty"`
 }
 
 // Int64Value is an optional int64 of the CRI.
