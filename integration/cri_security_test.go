@@ -12,7 +12,8 @@ import (
 	"github.com/cocoonrt/cocoon/integration/harness"
 )
 
-// TestCRISecurityContext checks that a pod container's securityContext
+// TestCRISecurityContext checks that the pod's limits size its VM, and
+// that a pod container's securityContext
 // holds in the guest: its user, group and supplementary groups, a
 // read-only root, the capabilities it keeps, and the runtime's default
 // seccomp profile; that a privileged container is privileged in the
@@ -24,7 +25,9 @@ func TestCRISecurityContext(t *testing.T) {
 			c, _ := criContainerd(t, v)
 			x := harness.NewCrictl(t, c)
 			img := harness.ImportBusyboxCRI(t, c)
+			// The pod's limits size its VM: 512 MiB and 2 CPUs.
 			pod := x.PodConfig("secctx")
+			pod.Linux.Resources = &harness.Resources{MemoryLimitInBytes: 512 << 20, CPUQuota: 200000, CPUPeriod: 100000}
 			podID := x.RunPod(t, pod, harness.CocoonRuntimeHandler)
 
 			cfg := x.ContainerConfig("locked", img, "sleep", "3600")
@@ -38,6 +41,13 @@ func TestCRISecurityContext(t *testing.T) {
 			x.Start(t, locked)
 			if got := strings.Fields(x.ExecSync(t, locked, "sh", "-c", "id -u; id -g; id -G")); len(got) < 3 || got[0] != "1234" || got[1] != "2345" || !slices.Contains(got[2:], "3456") {
 				t.Errorf("id: %v, want uid 1234, gid 2345 and group 3456", got)
+			}
+			if n := strings.TrimSpace(x.ExecSync(t, locked, "nproc")); n != "2" {
+				t.Errorf("the pod's VM has %s vCPUs, want 2 for its CPU limit", n)
+			}
+			var memKB int
+			if _, err := fmt.Sscanf(statusField(x.ExecSync(t, locked, "cat", "/proc/meminfo"), "MemTotal"), "%d kB", &memKB); err != nil || memKB < 530000 {
+				t.Errorf("the pod's VM has %d kB of memory (%v), want more than its 512 MiB limit", memKB, err)
 			}
 			if out, _, err := x.Run("exec", "-s", locked, "touch", "/written"); err == nil {
 				t.Errorf("a read-only root was written: %q", out)

@@ -41,6 +41,9 @@ type PodLinux struct {
 	CgroupParent    string              `json:"cgroup_parent,omitempty"`
 	SecurityContext *PodSecurityContext `json:"security_context,omitempty"`
 	Sysctls         map[string]string   `json:"sysctls,omitempty"`
+	// Resources are the pod's limits, the sums of its containers',
+	// as kubelet gives them.
+	Resources *Resources `json:"resources,omitempty"`
 }
 
 // PodSecurityContext is a LinuxSandboxSecurityContext.
