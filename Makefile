@@ -183,8 +183,11 @@ check-fresh:
 # memory through a private containerd 1.6 (io.containerd.cocoon.v2 with
 # this tree's shim, next to io.containerd.runc.v2), then TCP throughput
 # (iperf3, in a small Debian root made here and cached by key) and HTTP
-# latency through nerdctl's bridge networking on a private containerd 2.4
-# (test-deps installs nerdctl, the CNI plugins, iperf3 and containerd 2.4).
+# latency through nerdctl's bridge networking on a private containerd 1.6,
+# then pods through crictl and the CRI of a private containerd 2.4 and 1.6
+# (handlers cocoon and runc, a CNI bridge): pod start, one at a time and
+# 10 at once, and the memory of each of 10 running pods (test-deps
+# installs nerdctl, crictl, the CNI plugins, iperf3 and containerd 2.4).
 # Leaves nothing running.
 bench: build guest test-deps
 	bash integration/debian-image.sh $(TEST_TOOLS)/images iperf3 iperf3

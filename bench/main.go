@@ -1,8 +1,9 @@
 // Command bench measures Cocoon on this machine, next to runc in the same
 // run: cold boot to agent-ready, a command run end to end, and the host
 // memory each VM costs, and the same of sandboxes started from a template
-// next to cold boots, and TCP throughput and HTTP latency through nerdctl's
-// bridge networking. It writes bench/results/latest.json and prints a
+// next to cold boots, TCP throughput and HTTP latency through nerdctl's
+// bridge networking, and Kubernetes pods through crictl and containerd's
+// CRI: their start, serial and ten at once, and their memory. It writes bench/results/latest.json and prints a
 // table of medians. Run it with `make bench` (root).
 package main
 
@@ -52,6 +53,8 @@ type Report struct {
 	Channel  string    `json:"channel"`
 	Results  []Result  `json:"results"`
 	RuncNote string    `json:"runc_note,omitempty"`
+	// Notes say what the figures are not, or how they came about.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Host describes the machine.
@@ -65,22 +68,23 @@ func main() {
 	out := flag.String("out", "bench/results/latest.json", "where to write the JSON report")
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser", "network"`)
+	podN := flag.Int("pod-n", 5, "serial pod starts per runtime and containerd version (at least 5)")
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser", "network", "pod"`)
 	flag.Parse()
 	switch *only {
-	case "", "copyback", "checkpoint", "template", "execuser", "network":
+	case "", "copyback", "checkpoint", "template", "execuser", "network", "pod":
 	default:
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template", "execuser" or "network"`)
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template", "execuser", "network" or "pod"`)
 		os.Exit(2)
 	}
-	if *n < 5 || *ctrN < 10 {
-		fmt.Fprintln(os.Stderr, "bench: -n must be at least 5, -ctr-n at least 10")
+	if *n < 5 || *ctrN < 10 || *podN < 5 {
+		fmt.Fprintln(os.Stderr, "bench: -n and -pod-n must be at least 5, -ctr-n at least 10")
 		os.Exit(2)
 	}
 	// ^C or SIGTERM cancels the run; what it started is still cleaned up
 	// before exiting.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *out, *n, *ctrN, *only)
+	err := run(ctx, *out, counts{boot: *n, ctr: *ctrN, pod: *podN}, *only)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -88,7 +92,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, out string, n, ctrN int, only string) error {
+// counts are how many samples the figures take: boot and memory
+// figures, containerd starts and execs, serial pod starts.
+type counts struct{ boot, ctr, pod int }
+
+func run(ctx context.Context, out string, cnt counts, only string) error {
+	n, ctrN := cnt.boot, cnt.ctr
 	// The table is the output; the runtime's info lines would bury it.
 	if err := log.SetLevel("warn"); err != nil {
 		return err
@@ -132,6 +141,17 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		}
 		rep.Accel, rep.Channel = f.accel, f.channel
 		rep.Results = netResults(f)
+		return writeReport(rep, out)
+	}
+	if only == "pod" {
+		fs, err := benchPods(ctx, cnt.pod)
+		if err != nil {
+			return fmt.Errorf("pod figures: %w", err)
+		}
+		if len(fs) > 0 {
+			rep.Accel, rep.Channel = fs[0].accel, fs[0].channel
+		}
+		rep.Results, rep.Notes = podResults(fs), podNotes(fs)
 		return writeReport(rep, out)
 	}
 	if only == "template" {
@@ -191,6 +211,12 @@ func run(ctx context.Context, out string, n, ctrN int, only string) error {
 		return fmt.Errorf("network figures: %w", err)
 	}
 	rep.Results = append(rep.Results, netResults(nets)...)
+	pods, err := benchPods(ctx, cnt.pod)
+	if err != nil {
+		return fmt.Errorf("pod figures: %w", err)
+	}
+	rep.Results = append(rep.Results, podResults(pods)...)
+	rep.Notes = append(rep.Notes, podNotes(pods)...)
 	return writeReport(rep, out)
 }
 
@@ -262,6 +288,9 @@ func printTable(rep Report) {
 	}
 	if rep.RuncNote != "" {
 		fmt.Println("\n" + rep.RuncNote)
+	}
+	for _, n := range rep.Notes {
+		fmt.Println("\nnote: " + n)
 	}
 }
 

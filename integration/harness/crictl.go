@@ -94,13 +94,11 @@ func NewCrictl(t testing.TB, c *Containerd) *Crictl {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &Crictl{Bin: filepath.Join(dir, "crictl"), Dir: t.TempDir(), Timeout: 2 * time.Minute, t: t, c: c}
-	x.Config = filepath.Join(x.Dir, "crictl.yaml")
-	yaml := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: %d\ndebug: false\npull-image-on-create: false\n",
-		c.CRIEndpoint(), c.CRIEndpoint(), int(x.Timeout.Seconds()))
-	if err := os.WriteFile(x.Config, []byte(yaml), 0o644); err != nil {
+	x, err := newCrictl(c, filepath.Join(dir, "crictl"), t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
+	x.t = t
 	t.Cleanup(func() {
 		if err := x.Cleanup(); err != nil {
 			t.Errorf("crictl cleanup: %v", err)
@@ -192,12 +190,8 @@ func (x *Crictl) ContainerConfig(name, image string, command ...string) *Contain
 // writeConfig writes config as JSON into Dir and returns its path.
 func (x *Crictl) writeConfig(t testing.TB, kind string, config any) string {
 	t.Helper()
-	data, err := json.MarshalIndent(config, "", "  ")
+	path, err := x.WriteConfig(kind, config)
 	if err != nil {
-		t.Fatalf("%s config: %v", kind, err)
-	}
-	path := filepath.Join(x.Dir, fmt.Sprintf("%s-%d.json", kind, x.next()))
-	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
