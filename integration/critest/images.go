@@ -164,29 +164,7 @@ func buildImages(busybox, standin string) ([]builtImage, error) {
 	for _, s := range standIns {
 		layers := []v1.Layer{baseBlob}
 		if s.files != nil {
-			// The base's entries are visible to files (nnpFiles copies
-			// the standin), then only the new ones go into the layer.
-			own := layer{}
-			view := layer{}
-			for k, v := range base {
-				view[k] = v
-			}
-			s.files(view)
-			for k, v := range view {
-				if b, ok := base[k]; !ok || !sameEntry(b, v) {
-					own[k] = v
-				}
-			}
-			for k := range own {
-				own.parentDirs(k)
-			}
-			// The parents it lists as 0755 exist in the base: keep those
-			// of the base.
-			for k, v := range own {
-				if b, ok := base[k]; ok && v.typ == dirType && b.typ == dirType {
-					own[k] = b
-				}
-			}
+			own := s.ownFiles(base)
 			l, err := own.build()
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", s.refs[0], err)
@@ -200,6 +178,27 @@ func buildImages(busybox, standin string) ([]builtImage, error) {
 		out = append(out, builtImage{refs: s.refs, img: img})
 	}
 	return out, nil
+}
+
+// ownFiles is what s.files adds to or changes in base, with the
+// directories above them that base lacks. files sees base's entries
+// (nnpFiles copies the standin's).
+func (s standIn) ownFiles(base layer) layer {
+	view := layer{}
+	for k, v := range base {
+		view[k] = v
+	}
+	s.files(view)
+	own := layer{}
+	for k, v := range view {
+		if b, ok := base[k]; !ok || !sameEntry(b, v) {
+			own[k] = v
+		}
+	}
+	for k := range own {
+		own.parentDirs(k, base)
+	}
+	return own
 }
 
 func sameEntry(a, b entry) bool {

@@ -177,7 +177,7 @@ func baseLayer(busybox, standin string) (layer, error) {
 	}
 	l := layer{}
 	for p, data := range libs {
-		l.parentDirs(p)
+		l.parentDirs(p, nil)
 		l.file(p, 0o755, data)
 	}
 	for _, d := range []string{"bin", "dev", "etc", "home", "proc", "run", "sys", "usr", "usr/bin", "usr/sbin",
@@ -205,11 +205,14 @@ func baseLayer(busybox, standin string) (layer, error) {
 // usrPath is the image's PATH (the busybox image's).
 const usrPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// parentDirs adds the directories above p that l lacks (as 0755), for a
-// layer on top of the base one: a tar without them would still apply, but
-// with directories of whatever mode the unpacker picks.
-func (l layer) parentDirs(p string) {
+// parentDirs adds the directories above p that neither l nor have has,
+// as 0755: a tar without them would still apply, but with directories of
+// whatever mode the unpacker picks.
+func (l layer) parentDirs(p string, have layer) {
 	for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+		if _, ok := have[d]; ok {
+			continue
+		}
 		if _, ok := l[d]; !ok {
 			l.dir(d, 0o755)
 		}

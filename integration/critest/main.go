@@ -110,27 +110,13 @@ func run(ctx context.Context, o options) error {
 			return res, took, err
 		})
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("run as root: containerd needs it")
-	}
-	if _, err := os.Stat(o.critest); err != nil {
-		return fmt.Errorf("critest: %w (make test-deps builds it)", err)
-	}
 	if o.standin == "" {
 		return fmt.Errorf("-standin is required")
 	}
-	if o.shimDir == "" {
-		return fmt.Errorf("-bin (or COCOON_BIN) is required: the directory of containerd-shim-cocoon-v2")
-	}
-	for _, p := range hostPorts {
-		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
-		if err != nil {
-			return fmt.Errorf("host port %d, which critest's specs use, is taken: %w", p, err)
+	if !o.serve {
+		if err := checkHost(o); err != nil {
+			return err
 		}
-		l.Close()
-	}
-	if err := os.MkdirAll(o.outDir, 0o755); err != nil {
-		return err
 	}
 
 	t0 := time.Now()
@@ -155,6 +141,28 @@ func run(ctx context.Context, o options) error {
 	return summarizeAll(ctx, o, func(v, h string) (results, time.Duration, error) {
 		return runOne(ctx, o, v, h, reg.addr)
 	})
+}
+
+// checkHost checks what a run needs of the host: root, critest, the
+// shim, the host ports the specs use; and makes the output directory.
+func checkHost(o options) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("run as root: containerd needs it")
+	}
+	if _, err := os.Stat(o.critest); err != nil {
+		return fmt.Errorf("critest: %w (make test-deps builds it)", err)
+	}
+	if o.shimDir == "" {
+		return fmt.Errorf("-bin (or COCOON_BIN) is required: the directory of containerd-shim-cocoon-v2")
+	}
+	for _, p := range hostPorts {
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+		if err != nil {
+			return fmt.Errorf("host port %d, which critest's specs use, is taken: %w", p, err)
+		}
+		l.Close()
+	}
+	return os.MkdirAll(o.outDir, 0o755)
 }
 
 // summarizeAll gets each version's results of each handler from get (a
@@ -237,10 +245,12 @@ func lockVMTests(path string) (func(), error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		fmt.Printf("--- waiting for %s (another VM test holds it)\n", path)
+		t0 := time.Now()
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 			f.Close()
 			return nil, err
 		}
+		fmt.Printf("    got it after %s\n", time.Since(t0).Round(time.Second))
 	}
 	return func() { f.Close() }, nil
 }
