@@ -205,7 +205,7 @@ func reportPath(o options, v, h string) string {
 // the VM test lock if h starts VMs, and reads its report.
 func runOne(ctx context.Context, o options, v, h, mirror string) (results, time.Duration, error) {
 	if h != "runc" {
-		unlock, err := lockVMTests(o.vmLock)
+		unlock, err := lockVMTests(ctx, o.vmLock)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -237,20 +237,29 @@ func runOne(ctx context.Context, o options, v, h, mirror string) (results, time.
 
 // lockVMTests takes the lock that keeps VM tests of several people from
 // running at once (flock(1) on the same file waits for it, and the other
-// way round).
-func lockVMTests(path string) (func(), error) {
+// way round). Waiting for it ends with ctx.
+func lockVMTests(ctx context.Context, path string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		fmt.Printf("--- waiting for %s (another VM test holds it)\n", path)
-		t0 := time.Now()
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return func() { f.Close() }, nil
+	}
+	fmt.Printf("--- waiting for %s (another VM test holds it)\n", path)
+	t0 := time.Now()
+	locked := make(chan error, 1)
+	go func() { locked <- syscall.Flock(int(f.Fd()), syscall.LOCK_EX) }()
+	select {
+	case err := <-locked:
+		if err != nil {
 			f.Close()
 			return nil, err
 		}
-		fmt.Printf("    got it after %s\n", time.Since(t0).Round(time.Second))
+	case <-ctx.Done():
+		// The blocked flock ends with the process.
+		return nil, ctx.Err()
 	}
+	fmt.Printf("    got it after %s\n", time.Since(t0).Round(time.Second))
 	return func() { f.Close() }, nil
 }
