@@ -1,8 +1,10 @@
 package containerdconfig
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -74,7 +76,7 @@ func putFile(name string, f File) error {
 	return writeFile(name, f.Data)
 }
 
-func writeFile(name string, data []byte) (retErr error) {
+func writeFile(name string, data []byte) error {
 	mode, uid, gid := fs.FileMode(0o644), -1, -1
 	if fi, err := os.Stat(name); err == nil {
 		mode = fi.Mode().Perm()
@@ -85,7 +87,14 @@ func writeFile(name string, data []byte) (retErr error) {
 	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(name), "."+filepath.Base(name)+".cocoon-*")
+	return ReplaceFile(name, bytes.NewReader(data), mode, uid, gid)
+}
+
+// ReplaceFile writes what src holds to dst through a temporary file
+// renamed into place (a running program keeps the file it opened), with
+// mode, and owner uid and gid unless they are -1.
+func ReplaceFile(dst string, src io.Reader, mode fs.FileMode, uid, gid int) (retErr error) {
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".cocoon-*")
 	if err != nil {
 		return err
 	}
@@ -95,13 +104,13 @@ func writeFile(name string, data []byte) (retErr error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := tmp.Write(data); err != nil {
+	if _, err := io.Copy(tmp, src); err != nil {
 		return err
 	}
 	if err := tmp.Chmod(mode); err != nil {
 		return err
 	}
-	if uid >= 0 && (uid != os.Geteuid() || gid != os.Getegid()) {
+	if uid >= 0 {
 		if err := tmp.Chown(uid, gid); err != nil {
 			return err
 		}
@@ -112,5 +121,5 @@ func writeFile(name string, data []byte) (retErr error) {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), name)
+	return os.Rename(tmp.Name(), dst)
 }

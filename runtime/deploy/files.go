@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/cocoonrt/cocoon/runtime/containerdconfig"
 )
 
 // recordName is the record's file in the state directory.
@@ -288,38 +290,11 @@ func keepFile(name, backup string) error {
 // copyFile copies src to dst through a temporary file renamed into
 // place (a running program, a shim, keeps the file it was started
 // from), with mode, and owner uid and gid unless they are -1.
-func copyFile(src, dst string, mode fs.FileMode, uid, gid int) (retErr error) {
+func copyFile(src, dst string, mode fs.FileMode, uid, gid int) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".cocoon-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if retErr != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, in); err != nil {
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		return err
-	}
-	if uid >= 0 {
-		if err := tmp.Chown(uid, gid); err != nil {
-			return err
-		}
-	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	return containerdconfig.ReplaceFile(dst, in, mode, uid, gid)
 }
