@@ -84,13 +84,9 @@ func runTwoContainerPod(t *testing.T, c *harness.Containerd, handler string) {
 	if out := x.MustRun("ps", "-a", "-q"); out != "" {
 		t.Errorf("containers after rmp: %q", out)
 	}
-	var left string
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if left = c.CRILeftovers(); left == "" {
-			return
-		}
+	if left := c.WaitCRIClean(15 * time.Second); left != "" {
+		t.Errorf("left after the pod was removed:\n%s", left)
 	}
-	t.Errorf("left after the pod was removed:\n%s", left)
 }
 
 // checkCRILog checks that the log at path has, for each text of want, a

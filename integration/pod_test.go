@@ -167,13 +167,7 @@ func TestCRIPodOneVM(t *testing.T) {
 			if left := qemuOf(t, stateDir); len(left) > 0 {
 				t.Errorf("QEMU after rmp: %v", left)
 			}
-			var left string
-			for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-				if left = c.CRILeftovers(); left == "" {
-					break
-				}
-			}
-			if left != "" {
+			if left := c.WaitCRIClean(15 * time.Second); left != "" {
 				t.Errorf("left after the pod was removed:\n%s", left)
 			}
 		})

@@ -62,13 +62,7 @@ func TestPortForward(t *testing.T) {
 			if _, err := os.Stat(netns); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the pod's namespace file after rmp: %v", err)
 			}
-			var left string
-			for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-				if left = c.CRILeftovers(); left == "" {
-					break
-				}
-			}
-			if left != "" {
+			if left := c.WaitCRIClean(15 * time.Second); left != "" {
 				t.Errorf("left after the pod was removed:\n%s", left)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/vishvananda/netlink"
@@ -137,4 +138,17 @@ func (c *Containerd) criNetworkLeftovers() []string {
 		found = append(found, "CNI result cached: "+r)
 	}
 	return found
+}
+
+// WaitCRIClean waits up to timeout for CRILeftovers to report nothing,
+// as a removed pod's VM, namespace and CNI state go a moment after rmp
+// returns; it returns what is left then, "" when nothing is.
+func (c *Containerd) WaitCRIClean(timeout time.Duration) string {
+	var left string
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if left = c.CRILeftovers(); left == "" {
+			return ""
+		}
+	}
+	return left
 }
