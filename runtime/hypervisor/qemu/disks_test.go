@@ -376,12 +376,13 @@ while :; do
 		a=${d##*/}
 		cur="$cur$a "
 		case "$seen" in *" $a "*) continue ;; esac
-		if [ ! -d "$d/block" ]; then
-			# Not bound to sd yet: look again next round.
+		blk=$(ls $d/block 2>/dev/null)
+		if [ -z "$blk" ] || [ ! -r /sys/block/$blk/ro ] || [ ! -b /dev/$blk ]; then
+			# Not bound to sd, or its block device not registered
+			# (sysfs, devtmpfs) yet: look again next round.
 			cur="${cur% $a } "
 			continue
 		fi
-		blk=$(ls $d/block)
 		echo "DISKTEST-DISK $a $blk ro=$(cat /sys/block/$blk/ro)"
 		mkdir -p /mnt/$a
 		if mount -t erofs -o ro /dev/$blk /mnt/$a 2>/dev/null; then
