@@ -2,6 +2,7 @@ package oci
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -78,5 +79,61 @@ func TestGuestSpecHostHooks(t *testing.T) {
 	setNSPath(joined, specs.NetworkNamespace, "/var/run/netns/x")
 	if path, create := HostNetwork(joined); path != "/var/run/netns/x" || create {
 		t.Errorf("joined: HostNetwork = %q, %v", path, create)
+	}
+}
+
+// TestLateNetwork: Docker 26 and later give a container a new network
+// namespace, no hook, and binds of their own /etc/hosts, /etc/hostname
+// and /etc/resolv.conf; they fill the namespace after the task's Create.
+func TestLateNetwork(t *testing.T) {
+	docker := func() *specs.Spec {
+		s := hostSpec()
+		for _, f := range []string{"resolv.conf", "hostname", "hosts"} {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/" + f, Type: "bind", Source: "/var/lib/docker/containers/0123/" + f, Options: []string{"rbind", "rprivate"}})
+		}
+		return s
+	}
+	if !LateNetwork(docker()) {
+		t.Error("Docker's spec: LateNetwork = false")
+	}
+	if path, create := HostNetwork(docker()); path != "" || !create {
+		t.Errorf("Docker's spec: HostNetwork = %q, %v; want a new one", path, create)
+	}
+	g, err := GuestSpec(docker(), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range g.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			t.Error("Docker's spec kept its network namespace in the guest: the VM mirrors the one the shim makes")
+		}
+	}
+
+	for name, s := range map[string]*specs.Spec{
+		"ctr run (no binds)": hostSpec(),
+		"a bind elsewhere": func() *specs.Spec {
+			s := hostSpec()
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/app/hosts", Type: "bind", Source: "/srv/hosts"})
+			return s
+		}(),
+		"hooks fill it at create (nerdctl)": func() *specs.Spec {
+			s := docker()
+			s.Hooks = &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/local/bin/nerdctl"}}}
+			return s
+		}(),
+		"a namespace to join (CRI)": func() *specs.Spec {
+			s := docker()
+			setNSPath(s, specs.NetworkNamespace, "/var/run/netns/x")
+			return s
+		}(),
+		"no network namespace (--net=host)": func() *specs.Spec {
+			s := docker()
+			s.Linux.Namespaces = slices.DeleteFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.NetworkNamespace })
+			return s
+		}(),
+	} {
+		if LateNetwork(s) {
+			t.Errorf("%s: LateNetwork = true", name)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/containerd/errdefs"
@@ -231,22 +232,58 @@ func NetworkNamespace(spec *specs.Spec) string {
 // HostNetwork says which network namespace on the host the VM of spec's
 // sandbox mirrors: the one at path, which the spec joins (CNI's through
 // CRI, ctr --with-ns), or with create a new one that the shim makes. The
-// shim makes one for a spec that asks for a new network namespace and has
-// hooks on the host: those hooks (nerdctl's createRuntime, which runs
-// CNI; Docker's prestart) fill it before the VM boots, as they fill
-// runc's. Without such hooks nothing on the host would ever add to it,
-// and the container's own namespace in the guest is the same: loopback
-// only. Neither: the spec has no network namespace.
+// shim makes one for a spec that asks for a new network namespace and
+// either has hooks on the host, which fill it before the VM boots as they
+// fill runc's (nerdctl's createRuntime, which runs CNI; Docker's prestart
+// up to 25), or is from a client that fills it after the task's Create
+// (LateNetwork: Docker 26 and later). Without either nothing on the host
+// would ever add to it, and the container's own namespace in the guest is
+// the same: loopback only. Neither: the spec has no network namespace.
 func HostNetwork(spec *specs.Spec) (path string, create bool) {
 	if spec == nil || spec.Linux == nil {
 		return "", false
 	}
 	for _, ns := range spec.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {
-			return ns.Path, ns.Path == "" && HasHostHooks(spec.Hooks)
+			return ns.Path, ns.Path == "" && (HasHostHooks(spec.Hooks) || LateNetwork(spec))
 		}
 	}
 	return "", false
+}
+
+// networkFiles are the files of a container that the client that manages
+// its network writes on the host and binds in.
+var networkFiles = []string{"/etc/hosts", "/etc/resolv.conf"}
+
+// LateNetwork reports whether spec is from a client that puts the
+// container's network interfaces into its new network namespace after the
+// task's Create and before its Start, through the task's pid
+// (/proc/<pid>/ns/net): Docker 26 and later, moby v2, which run no hook.
+// Such a spec asks for a new network namespace, has no hooks on the host,
+// and binds the client's own /etc/hosts or /etc/resolv.conf from the
+// host: the client manages the container's network. (ctr run binds
+// neither; nerdctl's createRuntime hook fills the namespace before the
+// boot.) Its VM gets a spare NIC to bind the late interface to at Start
+// (docs/networking.md).
+func LateNetwork(spec *specs.Spec) bool {
+	if spec == nil || spec.Linux == nil || HasHostHooks(spec.Hooks) {
+		return false
+	}
+	newNS := false
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			newNS = ns.Path == ""
+		}
+	}
+	if !newNS {
+		return false
+	}
+	for _, b := range Binds(spec) {
+		if slices.Contains(networkFiles, filepath.Clean(b.Destination)) {
+			return true
+		}
+	}
+	return false
 }
 
 func checkMounts(mounts []specs.Mount, fail failFunc) {

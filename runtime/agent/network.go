@@ -8,13 +8,14 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/network"
 )
 
-// ConfigureNetwork gives the guest's interfaces, in the order of the
-// VM's NICs, the names, MACs, MTUs and addresses of cfg's, and adds its
-// routes.
+// ConfigureNetwork gives the guest's interfaces (each cfg interface's
+// Device, in the order of the VM's NICs) the names, MACs, MTUs and
+// addresses of cfg's, and replaces the routes of an earlier call with
+// cfg's.
 func (c *Client) ConfigureNetwork(ctx context.Context, cfg network.Config) error {
 	req := &api.ConfigureNetworkRequest{}
-	for i, iface := range cfg.Interfaces {
-		ni := &api.NetworkInterface{Index: uint32(i), Name: iface.Name, Mac: iface.MAC.String(), Mtu: uint32(max(iface.MTU, 0))}
+	for _, iface := range cfg.Interfaces {
+		ni := &api.NetworkInterface{Index: uint32(max(iface.Device, 0)), Name: iface.Name, Mac: iface.MAC.String(), Mtu: uint32(max(iface.MTU, 0))}
 		for _, a := range iface.Addresses {
 			ni.Addresses = append(ni.Addresses, a.String())
 		}

@@ -22,6 +22,9 @@ import (
 // Interface is an interface of the sandbox's network namespace, as the
 // guest is to have it.
 type Interface struct {
+	// Device is the index of the guest's NIC that stands in for it, in
+	// the order of the VM's NICs.
+	Device int
 	// Name is the interface's name in the namespace (eth0).
 	Name string
 	// MAC is its hardware address.

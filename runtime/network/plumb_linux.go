@@ -29,8 +29,9 @@ type Plumbed struct {
 	Path string
 	// Config is what the guest's network is to be.
 	Config Config
-	// Taps are the tap devices, opened, one per Config.Interfaces entry
-	// in its order. Close closes them.
+	// Taps are the tap devices, opened, one per NIC of the VM in its
+	// order: the namespace's interfaces' at Plumb, in Config.Interfaces'
+	// order, then the spares AddSpares made. Close closes them.
 	Taps []*os.File
 
 	ns     netns.NsHandle
@@ -38,6 +39,12 @@ type Plumbed struct {
 	// redirected are the indexes of the namespace's interfaces that got
 	// an ingress qdisc.
 	redirected []int
+	// mirrored names the namespace's interfaces that have a tap, by
+	// link index.
+	mirrored map[int]string
+	// spares are the NICs (indexes into Taps) whose taps forward
+	// nothing yet, in order; BindLate takes them.
+	spares []int
 }
 
 // Plumb finds the interfaces of the network namespace at path and
@@ -50,7 +57,7 @@ func Plumb(path string) (_ *Plumbed, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("network namespace %s: %w", path, err)
 	}
-	p := &Plumbed{Path: path, ns: ns}
+	p := &Plumbed{Path: path, ns: ns, mirrored: map[int]string{}}
 	defer func() {
 		if retErr != nil {
 			p.Close()
@@ -59,42 +66,135 @@ func Plumb(path string) (_ *Plumbed, retErr error) {
 	if p.handle, err = netlink.NewHandleAt(ns); err != nil {
 		return nil, fmt.Errorf("network namespace %s: %w", path, err)
 	}
-	links, err := p.handle.LinkList()
+	links, err := p.unmirrored()
 	if err != nil {
-		return nil, fmt.Errorf("network namespace %s: list links: %w", path, err)
+		return nil, err
 	}
-	byIndex := map[int]string{}
-	var mirrored []netlink.Link
-	for _, l := range links {
-		a := l.Attrs()
-		if a.Flags&net.FlagLoopback != 0 || strings.HasPrefix(a.Name, tapPrefix) || len(a.HardwareAddr) != 6 {
-			continue
-		}
-		mirrored = append(mirrored, l)
-		byIndex[a.Index] = a.Name
+	if len(links) > MaxInterfaces {
+		return nil, fmt.Errorf("network namespace %s: %d interfaces, at most %d: %w", path, len(links), MaxInterfaces, errdefs.ErrNotImplemented)
 	}
-	if len(mirrored) > MaxInterfaces {
-		return nil, fmt.Errorf("network namespace %s: %d interfaces, at most %d: %w", path, len(mirrored), MaxInterfaces, errdefs.ErrNotImplemented)
-	}
-	for i, l := range mirrored {
-		iface, err := p.describe(l)
+	for i, l := range links {
+		tap, err := openTap(ns, tapName(i))
 		if err != nil {
-			return nil, err
-		}
-		tap, err := openTap(ns, fmt.Sprintf("%s%d", tapPrefix, i))
-		if err != nil {
-			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
+			return nil, fmt.Errorf("network namespace %s: %s: %w", path, l.Attrs().Name, err)
 		}
 		p.Taps = append(p.Taps, tap)
-		if err := p.redirect(l, fmt.Sprintf("%s%d", tapPrefix, i)); err != nil {
-			return nil, fmt.Errorf("network namespace %s: %s: %w", path, iface.Name, err)
+		if err := p.mirror(l, i); err != nil {
+			return nil, err
 		}
-		p.Config.Interfaces = append(p.Config.Interfaces, iface)
 	}
-	if p.Config.Routes, err = p.routes(byIndex); err != nil {
+	if p.Config.Routes, err = p.routes(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// tapName is the name of the tap of the VM's NIC i.
+func tapName(i int) string { return fmt.Sprintf("%s%d", tapPrefix, i) }
+
+// unmirrored lists the namespace's interfaces that have no tap yet: every
+// link with a 6-byte hardware address but loopback and the taps.
+func (p *Plumbed) unmirrored() ([]netlink.Link, error) {
+	links, err := dumpLinks(p.handle)
+	if err != nil {
+		return nil, fmt.Errorf("network namespace %s: list links: %w", p.Path, err)
+	}
+	var out []netlink.Link
+	for _, l := range links {
+		a := l.Attrs()
+		if _, done := p.mirrored[a.Index]; done || a.Flags&net.FlagLoopback != 0 || strings.HasPrefix(a.Name, tapPrefix) || len(a.HardwareAddr) != 6 {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// dumpLinks lists h's links, again when the kernel says a change
+// interrupted the dump (a client adding interfaces as it is read).
+func dumpLinks(h *netlink.Handle) ([]netlink.Link, error) {
+	var (
+		links []netlink.Link
+		err   error
+	)
+	for range 5 {
+		if links, err = h.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	return links, err
+}
+
+// mirror connects interface l to the tap of the VM's NIC device, which
+// must be open in Taps, and adds it to Config.Interfaces.
+func (p *Plumbed) mirror(l netlink.Link, device int) error {
+	iface, err := p.describe(l)
+	if err != nil {
+		return err
+	}
+	iface.Device = device
+	if err := p.redirect(l, tapName(device)); err != nil {
+		return fmt.Errorf("network namespace %s: %s: %w", p.Path, iface.Name, err)
+	}
+	p.mirrored[l.Attrs().Index] = iface.Name
+	p.Config.Interfaces = append(p.Config.Interfaces, iface)
+	return nil
+}
+
+// AddSpares makes n more taps in the namespace, each for a NIC of the VM
+// that stands in for no interface yet: they forward nothing until
+// BindLate binds an interface that appeared after Plumb to one. A client
+// that fills the namespace after the VM booted (Docker 26 and later,
+// between the task's Create and Start) needs them, since the VM's NICs
+// are fixed at its boot.
+func (p *Plumbed) AddSpares(n int) error {
+	if len(p.Taps)+n > MaxInterfaces {
+		return fmt.Errorf("network namespace %s: %d interfaces and %d spare NICs, at most %d: %w", p.Path, len(p.Taps), n, MaxInterfaces, errdefs.ErrNotImplemented)
+	}
+	for range n {
+		i := len(p.Taps)
+		tap, err := openTap(p.ns, tapName(i))
+		if err != nil {
+			return fmt.Errorf("network namespace %s: spare NIC %d: %w", p.Path, i, err)
+		}
+		p.Taps = append(p.Taps, tap)
+		p.spares = append(p.spares, i)
+	}
+	return nil
+}
+
+// Spares is how many spare NICs are not bound yet.
+func (p *Plumbed) Spares() int { return len(p.spares) }
+
+// BindLate mirrors the interfaces that appeared in the namespace since
+// Plumb (or the last BindLate), each onto the next spare NIC, and reads
+// the routes again. It reports how many it bound: with one or more, the
+// guest is to be configured again with Config. More new interfaces than
+// spares is an error naming them, and binds none. Bound spares stay
+// bound; interfaces that went away are not unbound.
+func (p *Plumbed) BindLate() (int, error) {
+	links, err := p.unmirrored()
+	if err != nil || len(links) == 0 {
+		return 0, err
+	}
+	if len(links) > len(p.spares) {
+		names := make([]string, len(links))
+		for i, l := range links {
+			names[i] = l.Attrs().Name
+		}
+		return 0, fmt.Errorf("network namespace %s: interfaces %s appeared after the VM booted, and it has %d spare NICs for them (a microvm cannot add one): %w",
+			p.Path, strings.Join(names, ", "), len(p.spares), errdefs.ErrNotImplemented)
+	}
+	for _, l := range links {
+		if err := p.mirror(l, p.spares[0]); err != nil {
+			return 0, err
+		}
+		p.spares = p.spares[1:]
+	}
+	if p.Config.Routes, err = p.routes(); err != nil {
+		return 0, err
+	}
+	return len(links), nil
 }
 
 // describe reads what the guest needs of link l.
@@ -122,14 +222,14 @@ func (p *Plumbed) describe(l netlink.Link) (Interface, error) {
 
 // routes are the namespace's main-table routes on the mirrored
 // interfaces, without those the kernel makes for addresses.
-func (p *Plumbed) routes(byIndex map[int]string) ([]Route, error) {
+func (p *Plumbed) routes() ([]Route, error) {
 	rs, err := p.handle.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("network namespace %s: routes: %w", p.Path, err)
 	}
 	var out []Route
 	for _, r := range rs {
-		name, ok := byIndex[r.LinkIndex]
+		name, ok := p.mirrored[r.LinkIndex]
 		if !ok || r.Protocol == unix.RTPROT_KERNEL || r.Type != unix.RTN_UNICAST {
 			continue
 		}

@@ -155,3 +155,89 @@ func TestProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBindLate: a namespace with loopback only at Plumb gets a spare
+// tap; an interface that appears afterwards (Docker's, between the
+// task's Create and Start) is bound to it, with its routes, and a
+// second one, with no spare left, is refused by name.
+func TestBindLate(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	name := fmt.Sprintf("cocoon-nettest-late-%d", os.Getpid())
+	host := fmt.Sprintf("cclh%d", os.Getpid()%100000)
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run("ip", "netns", "add", name)
+	t.Cleanup(func() {
+		exec.Command("ip", "link", "del", host).Run()
+		exec.Command("ip", "link", "del", host+"b").Run()
+		exec.Command("ip", "netns", "del", name).Run()
+	})
+	p, err := Plumb("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.AddSpares(1); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Taps) != 1 || p.Spares() != 1 || len(p.Config.Interfaces) != 0 {
+		t.Fatalf("after AddSpares(1): %d taps, %d spares, %+v", len(p.Taps), p.Spares(), p.Config)
+	}
+	if n, err := p.BindLate(); n != 0 || err != nil {
+		t.Fatalf("BindLate with nothing new = %d, %v", n, err)
+	}
+	// The spare's tap forwards nothing yet.
+	if out := run("tc", "-n", name, "filter", "show", "dev", "cctap0", "ingress"); strings.Contains(out, "mirred") {
+		t.Errorf("an unbound spare redirects:\n%s", out)
+	}
+
+	run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", name)
+	run("ip", "-n", name, "link", "set", "eth0", "mtu", "1450", "up")
+	run("ip", "-n", name, "addr", "add", "10.78.0.2/24", "dev", "eth0")
+	run("ip", "-n", name, "route", "add", "default", "via", "10.78.0.1")
+	n, err := p.BindLate()
+	if n != 1 || err != nil {
+		t.Fatalf("BindLate = %d, %v", n, err)
+	}
+	if p.Spares() != 0 || len(p.Config.Interfaces) != 1 {
+		t.Fatalf("after BindLate: %d spares, %+v", p.Spares(), p.Config)
+	}
+	iface := p.Config.Interfaces[0]
+	if iface.Device != 0 || iface.Name != "eth0" || iface.MTU != 1450 || fmt.Sprint(iface.Addresses) != "[10.78.0.2/24]" {
+		t.Errorf("bound interface %+v", iface)
+	}
+	if len(p.Config.Routes) != 1 || p.Config.Routes[0].Gateway.String() != "10.78.0.1" || p.Config.Routes[0].Interface != "eth0" {
+		t.Errorf("routes %+v", p.Config.Routes)
+	}
+	if out := run("ip", "-n", name, "link", "show", "cctap0"); !strings.Contains(out, "mtu 1450") {
+		t.Errorf("the bound tap has not the interface's MTU:\n%s", out)
+	}
+	for _, dev := range []string{"eth0", "cctap0"} {
+		if out := run("tc", "-n", name, "filter", "show", "dev", dev, "ingress"); !strings.Contains(out, "mirred (Egress Redirect to device") {
+			t.Errorf("no redirect on %s:\n%s", dev, out)
+		}
+	}
+	if n, err := p.BindLate(); n != 0 || err != nil {
+		t.Errorf("BindLate again = %d, %v", n, err)
+	}
+
+	run("ip", "link", "add", host+"b", "type", "veth", "peer", "name", "eth1", "netns", name)
+	if n, err := p.BindLate(); n != 0 || err == nil || !strings.Contains(err.Error(), "eth1") {
+		t.Errorf("a second late interface with no spare: BindLate = %d, %v", n, err)
+	}
+
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := run("tc", "-n", name, "qdisc", "show", "dev", "eth0"); strings.Contains(out, "ingress") {
+		t.Errorf("the late interface keeps its ingress qdisc after Close:\n%s", out)
+	}
+}

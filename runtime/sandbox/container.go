@@ -451,6 +451,9 @@ func (s *Sandbox) StartContainer(ctx context.Context, id string) error {
 		// them go on, now that the guest has its clock and entropy.
 		return s.agent.ResumeContainer(ctx, ct.guest)
 	}
+	if err := s.bindLateInterfaces(ctx); err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
 	return s.agent.StartContainer(ctx, ct.guest)
 }
 

@@ -2,9 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -38,6 +41,8 @@ type hostSide struct {
 	ports *portfwd.Forwarder
 	// beforeRan: Options.BeforeNetwork was called.
 	beforeRan bool
+	// mu makes one bindLateInterfaces run at a time.
+	mu sync.Mutex
 }
 
 // setUpHost makes what the VM of o needs on the host before it launches,
@@ -62,6 +67,9 @@ func (s *Sandbox) setUpHost(ctx context.Context, o Options, spec *hypervisor.Spe
 		}
 		s.host.holder = h
 	}
+	if o.SpareNICs > 0 && path == "" {
+		return fmt.Errorf("sandbox network: %d spare NICs and no namespace to bind them in: %w", o.SpareNICs, errdefs.ErrInvalidArgument)
+	}
 	if o.BeforeNetwork != nil {
 		s.host.beforeRan = true
 		if err := o.BeforeNetwork(ctx, s.HookPID()); err != nil {
@@ -73,8 +81,20 @@ func (s *Sandbox) setUpHost(ctx context.Context, o Options, spec *hypervisor.Spe
 		if s.host.net, err = network.Plumb(path); err != nil {
 			return err
 		}
-		for i, iface := range s.host.net.Config.Interfaces {
-			spec.NICs = append(spec.NICs, hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: s.host.net.Taps[i], MAC: iface.MAC, MTU: iface.MTU})
+		if o.SpareNICs > 0 {
+			if err := s.host.net.AddSpares(o.SpareNICs); err != nil {
+				return err
+			}
+		}
+		for i, tap := range s.host.net.Taps {
+			nic := hypervisor.NIC{ID: fmt.Sprintf("net%d", i), Tap: tap}
+			if i < len(s.host.net.Config.Interfaces) {
+				iface := s.host.net.Config.Interfaces[i]
+				nic.MAC, nic.MTU = iface.MAC, iface.MTU
+			} else if nic.MAC, err = spareMAC(); err != nil {
+				return err
+			}
+			spec.NICs = append(spec.NICs, nic)
 		}
 		spec.NetNS = path
 		s.forwardPorts(context.WithoutCancel(ctx), path)
@@ -87,6 +107,45 @@ func (s *Sandbox) setUpHost(ctx context.Context, o Options, spec *hypervisor.Spe
 		s.host.share = d
 		spec.Share = &hypervisor.Share{Tag: api.ShareTag, Dir: d.Root()}
 	}
+	return nil
+}
+
+// spareMAC is a spare NIC's hardware address until an interface is
+// bound to it: random, locally administered, unicast. The agent gives the
+// guest's interface the bound interface's at BindLate.
+func spareMAC() (net.HardwareAddr, error) {
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, fmt.Errorf("spare NIC: %w", err)
+	}
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac, nil
+}
+
+// bindLateInterfaces mirrors into the guest the interfaces that appeared
+// in the sandbox's namespace since its boot, onto its spare NICs, and
+// configures the guest's network again. Docker 26 and later add them
+// between the task's Create and Start, through the task's pid, and the
+// first container's Start calls this: by then the client has finished,
+// so nothing is polled or waited for. A no-op without spares left.
+func (s *Sandbox) bindLateInterfaces(ctx context.Context) error {
+	s.host.mu.Lock()
+	defer s.host.mu.Unlock()
+	n := s.host.net
+	if n == nil || n.Spares() == 0 {
+		return nil
+	}
+	bound, err := n.BindLate()
+	if err != nil || bound == 0 {
+		return err
+	}
+	if err := s.agent.ConfigureNetwork(ctx, n.Config); err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"netns": n.Path, "bound": bound, "interfaces": len(n.Config.Interfaces),
+		"routes": len(n.Config.Routes), "spares_left": n.Spares(),
+	}).Info("guest network configured with interfaces added after the boot")
 	return nil
 }
 

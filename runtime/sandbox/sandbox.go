@@ -100,6 +100,11 @@ type Options struct {
 	// which the VM mirrors (oci.HostNetwork's create); NetNS is then "".
 	// It is bind-mounted in the state directory and removed with it.
 	NewNetNS bool
+	// SpareNICs are NICs the VM gets beyond its namespace's interfaces,
+	// on taps that forward nothing, for interfaces that its client adds
+	// after the boot (oci.LateNetwork); the first container's start
+	// binds them. Only with a namespace.
+	SpareNICs int
 	// HoldNetNS keeps a process in the namespace joined (NetNS) whose
 	// pid OCI hooks get (HookPID); a namespace made is always held.
 	HoldNetNS bool

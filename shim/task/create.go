@@ -120,6 +120,7 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 	launch := LaunchRequest{
 		Namespace: s.ns, ID: sbID, Options: r.Options, Annotations: spec.Annotations,
 		NetNS: netPath, NewNetNS: newNetNS, HoldNetNS: hh != nil,
+		SpareNICs: lateNICs(spec),
 		// A pod's later containers bring volumes, and the VM cannot
 		// gain a share once it runs.
 		Share:       len(oci.Binds(spec)) > 0 || oci.IsPodSandbox(spec),
@@ -175,6 +176,22 @@ func (s *Service) create(ctx context.Context, r *taskapi.CreateTaskRequest, spec
 		return nil, nil, createRefused(fmt.Errorf("create container %s: %w", r.ID, err))
 	}
 	return p, pio, nil
+}
+
+// lateInterfaces is how many interfaces a client that fills the
+// namespace after Create (oci.LateNetwork) gets into the VM: Docker
+// connects a container to one network at its start (more come with
+// `docker network connect`, which a running VM cannot take). Each spare
+// takes one of microvm's few virtio-mmio transports.
+const lateInterfaces = 1
+
+// lateNICs is how many spare NICs the VM of spec's sandbox gets, for
+// interfaces that its client adds after Create.
+func lateNICs(spec *specs.Spec) int {
+	if oci.LateNetwork(spec) {
+		return lateInterfaces
+	}
+	return 0
 }
 
 // commitCreate records the created container, publishes its create event

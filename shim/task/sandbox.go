@@ -52,9 +52,11 @@ type LaunchRequest struct {
 	// shim joins before it starts the VM, so that the pod's cgroup
 	// holds what the VM uses; "" for none.
 	CgroupsPath string
-	// NewNetNS, HoldNetNS, BeforeNetwork, UndoNetwork and Share are
-	// sandbox.Options' (oci.HostNetwork decides the namespace).
+	// NewNetNS, SpareNICs, HoldNetNS, BeforeNetwork, UndoNetwork and
+	// Share are sandbox.Options' (oci.HostNetwork decides the namespace,
+	// oci.LateNetwork the spares).
 	NewNetNS      bool
+	SpareNICs     int
 	HoldNetNS     bool
 	BeforeNetwork func(ctx context.Context, hookPID int) error
 	UndoNetwork   func(ctx context.Context, hookPID int)

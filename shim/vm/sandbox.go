@@ -140,6 +140,7 @@ func (l Launcher) options(r task.LaunchRequest) (sandbox.Options, error) {
 		ID:            r.ID,
 		NetNS:         r.NetNS,
 		NewNetNS:      r.NewNetNS,
+		SpareNICs:     r.SpareNICs,
 		HoldNetNS:     r.HoldNetNS,
 		BeforeNetwork: r.BeforeNetwork,
 		UndoNetwork:   r.UndoNetwork,
