@@ -66,6 +66,13 @@ func Plumb(path string) (_ *Plumbed, retErr error) {
 	if p.handle, err = netlink.NewHandleAt(ns); err != nil {
 		return nil, fmt.Errorf("network namespace %s: %w", path, err)
 	}
+	if tap, err := p.handle.LinkByName(tapName(0)); err == nil {
+		// Its interfaces' frames go to another VM's tap already (Docker's
+		// --network container:<id>, which joins another container's
+		// namespace); one interface can be redirected to one tap only.
+		return nil, fmt.Errorf("network namespace %s is mirrored into another VM already (it has its tap %s): a namespace's interfaces can stand in one VM only, so a container cannot join the network of a container in another Cocoon VM: %w",
+			path, tap.Attrs().Name, errdefs.ErrNotImplemented)
+	}
 	links, err := p.unmirrored()
 	if err != nil {
 		return nil, err

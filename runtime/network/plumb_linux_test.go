@@ -102,6 +102,15 @@ func TestPlumb(t *testing.T) {
 		}
 	}
 
+	// A second VM cannot mirror the same namespace (Docker's --network
+	// container:<id> joins a running container's).
+	if q, err := Plumb(path); err == nil || !strings.Contains(err.Error(), "mirrored into another VM") {
+		if q != nil {
+			q.Close()
+		}
+		t.Errorf("a second Plumb of a mirrored namespace: %v", err)
+	}
+
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
