@@ -48,6 +48,8 @@ var standardDevices = map[string]standardDevice{
 //     systemd; the agent uses GuestCgroupParent/<container id>.
 //   - The AppArmor profile and SELinux labels are dropped: the guest
 //     kernel has neither LSM, and the VM is the isolation boundary.
+//   - A new time namespace is dropped (withoutTimeNamespace): the
+//     guest's clocks are the VM's own. Clock offsets are refused.
 //
 // What is refused, each problem named in the error (all of them at once):
 //   - joining an existing namespace (a namespace with a path) other
@@ -115,6 +117,7 @@ func GuestSpec(host *specs.Spec, containerID string) (*specs.Spec, error) {
 		g.Linux.MountLabel = ""
 		checkNamespaces(g.Linux.Namespaces, isPodContainer(&g), fail)
 		g.Linux.Namespaces = withoutMirroredNetwork(&g)
+		g.Linux.Namespaces = withoutTimeNamespace(g.Linux, fail)
 		checkDevices(g.Linux.Devices, fail)
 		checkResources(g.Linux.Resources, fail)
 		if g.Linux.IntelRdt != nil {
@@ -219,6 +222,34 @@ func withoutMirroredNetwork(spec *specs.Spec) []specs.LinuxNamespace {
 		}
 	}
 	return out
+}
+
+// withoutTimeNamespace drops a new time namespace without offsets, which
+// Docker 28 and moby v2 ask for on every container whose host has time
+// namespaces: such a namespace shows its processes the clocks of the one
+// it is made in, and in the guest those are the VM's own (its boot time,
+// its monotonic clock), apart from the host's already; crun 1.8 in the
+// guest fails to make one. Offsets, or a time namespace to join, would
+// need the namespace: refused. The host's spec is unchanged; HasTimeNamespace
+// lets the shim log what it dropped.
+func withoutTimeNamespace(l *specs.Linux, fail failFunc) []specs.LinuxNamespace {
+	if len(l.TimeOffsets) > 0 {
+		fail(errdefs.ErrNotImplemented, "linux.timeOffsets: clock offsets need a time namespace, which the guest does not make")
+	}
+	out := make([]specs.LinuxNamespace, 0, len(l.Namespaces))
+	for _, ns := range l.Namespaces {
+		if ns.Type == specs.TimeNamespace {
+			continue
+		}
+		out = append(out, ns)
+	}
+	return out
+}
+
+// HasTimeNamespace reports whether spec asks for a time namespace, which
+// GuestSpec drops.
+func HasTimeNamespace(spec *specs.Spec) bool {
+	return spec != nil && spec.Linux != nil && slices.ContainsFunc(spec.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.TimeNamespace })
 }
 
 // NetworkNamespace is the path of the network namespace spec joins, the

@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -215,5 +216,29 @@ func TestGuestSpecJoinedNetwork(t *testing.T) {
 	// The host's spec is left as it was.
 	if NetworkNamespace(s) != "/var/run/netns/cni-1" {
 		t.Error("GuestSpec changed the host spec's namespaces")
+	}
+}
+
+// Docker 28 and moby v2 give every container a new time namespace; the
+// guest's clocks are the VM's own, so it is dropped. Offsets are refused.
+func TestGuestSpecTimeNamespace(t *testing.T) {
+	host := hostSpec()
+	host.Linux.Namespaces = append(host.Linux.Namespaces, specs.LinuxNamespace{Type: specs.TimeNamespace})
+	if !HasTimeNamespace(host) {
+		t.Fatal("HasTimeNamespace = false")
+	}
+	g, err := GuestSpec(host, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if HasTimeNamespace(g) {
+		t.Errorf("guest namespaces %v: the time namespace is kept", g.Linux.Namespaces)
+	}
+	if !HasTimeNamespace(host) {
+		t.Error("the host's spec lost its time namespace")
+	}
+	host.Linux.TimeOffsets = map[string]specs.LinuxTimeOffset{"monotonic": {Secs: 3600}}
+	if _, err := GuestSpec(host, "c1"); !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "timeOffsets") {
+		t.Errorf("offsets: err = %v", err)
 	}
 }

@@ -32,6 +32,9 @@ func (s *Service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (*ta
 	if err := hooks.Validate(spec.Hooks); err != nil {
 		return nil, fmt.Errorf("container %s: %w", r.ID, err)
 	}
+	if oci.HasTimeNamespace(spec) {
+		log.G(ctx).WithField("container", r.ID).Info("the spec's time namespace is left out: the guest's clocks are the VM's own, apart from the host's")
+	}
 	if err := s.reserve(r.ID); err != nil {
 		return nil, err
 	}
