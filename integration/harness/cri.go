@@ -129,49 +129,20 @@ func (c *Containerd) CRIEndpoint() string { return "unix://" + c.Address }
 // addresses, registry hosts, the pause image.
 func (c *Containerd) criDir() string { return filepath.Join(c.Dir, "cri") }
 
-// reserveSlot picks a slot that no other instance on the host holds:
-// one whose subnet no route of the host's overlaps and whose bridge does
-// not exist, held by an abstract unix socket named for it, which the
-// kernel releases when the socket is closed or the process ends, so that
-// a crashed test holds nothing.
+// reserveSlot picks a slot that no other instance on the host holds
+// (see reserveNetSlot): its subnet is 10.240.<slot>.0/24, its bridge
+// CRIBridge's name.
 func (s *criSetup) reserveSlot() error {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	slot, l, err := reserveNetSlot(criSlots, "cocoon-cri-slot-",
+		func(slot int) string { return fmt.Sprintf("cocoon-cri%d", slot) },
+		func(slot int) []*net.IPNet {
+			return []*net.IPNet{{IP: net.IPv4(10, 240, byte(slot), 0).To4(), Mask: net.CIDRMask(24, 32)}}
+		})
 	if err != nil {
-		return fmt.Errorf("list the host's routes: %w", err)
+		return fmt.Errorf("no free CRI network among 10.240.0.0/16: %w", err)
 	}
-	for slot := range criSlots {
-		subnet := &net.IPNet{IP: net.IPv4(10, 240, byte(slot), 0).To4(), Mask: net.CIDRMask(24, 32)}
-		if routed(routes, subnet) {
-			continue
-		}
-		if _, err := netlink.LinkByName(fmt.Sprintf("cocoon-cri%d", slot)); err == nil {
-			continue
-		}
-		l, err := net.Listen("unix", fmt.Sprintf("@cocoon-cri-slot-%d", slot))
-		if err != nil {
-			continue // another instance's
-		}
-		s.slot, s.reservation = slot, l
-		return nil
-	}
-	return fmt.Errorf("no free CRI network among 10.240.0.0/16: %d instances hold one", criSlots)
-}
-
-// routed reports whether a route's destination other than the default
-// overlaps subnet.
-func routed(routes []netlink.Route, subnet *net.IPNet) bool {
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
-			continue
-		}
-		if r.Dst.Contains(subnet.IP) || subnet.Contains(r.Dst.IP) {
-			return true
-		}
-	}
-	return false
+	s.slot, s.reservation = slot, l
+	return nil
 }
 
 // prepareCRI reserves the instance's slot and stream port and writes its
