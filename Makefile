@@ -113,15 +113,18 @@ demo: deps install
 	$(GO) run ./integration/demo
 
 # containerd versions the integration tests drive besides Debian's 1.6,
-# the nerdctl they drive containers with and the crictl and critest they
-# drive containerd's CRI with, built from the Go module proxy into
-# $(TEST_TOOLS) (each kept until its version changes), and a small Debian
-# root with sudo for the exec-user tests (integration/debian-image.sh).
+# the nerdctl they drive containers with, the crictl and critest they
+# drive containerd's CRI with and the dockerd (moby v2) they run Docker
+# with, built from the Go module proxy into $(TEST_TOOLS) (each kept until
+# its version changes; dockerd with Debian's docker CLI beside it,
+# integration/install-docker.sh), and a small Debian root with sudo for
+# the exec-user tests (integration/debian-image.sh).
 TEST_TOOLS ?= /opt/cocoon-test
 CONTAINERD_17 ?= v1.7.30
 CONTAINERD_24 ?= v2.4.2
 NERDCTL ?= v1.7.7
 CRI_TOOLS ?= v1.37.0
+MOBY ?= v2.0.0-beta.24
 # Debian packages the tests need and the product does not: the CNI plugins
 # nerdctl and CRI run (into /usr/lib/cni), the iptables their bridge,
 # portmap and firewall plugins call (Debian 12's default iptables-nft: the
@@ -137,6 +140,7 @@ test-deps:
 	bash integration/install-containerd.sh $(CONTAINERD_24) $(TEST_TOOLS)/containerd-2.4
 	bash integration/install-nerdctl.sh $(NERDCTL) $(TEST_TOOLS)/nerdctl-1.7
 	bash integration/install-cri-tools.sh $(CRI_TOOLS) $(TEST_TOOLS)/cri-tools-1.37
+	bash integration/install-docker.sh $(MOBY) $(TEST_TOOLS)/docker
 	bash integration/debian-image.sh $(TEST_TOOLS)/images
 
 # The fuzz targets over what the guest sends, each run by test-unit for a
