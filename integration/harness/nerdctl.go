@@ -692,11 +692,13 @@ type iptablesRule struct {
 }
 
 // iptablesRules lists the rules of the tables the CNI plugins write to
-// (filter and nat), IPv4 and IPv6.
+// (filter and nat) and of raw, where dockerd drops what comes to a
+// container's address or a port published on 127.0.0.1 from elsewhere;
+// IPv4 and IPv6.
 func iptablesRules() []iptablesRule {
 	var rules []iptablesRule
 	for _, cmd := range []string{"iptables", "ip6tables"} {
-		for _, table := range []string{"filter", "nat"} {
+		for _, table := range []string{"filter", "nat", "raw"} {
 			out, err := exec.Command(cmd, "-w", "-t", table, "-S").Output()
 			if err != nil {
 				continue
