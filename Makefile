@@ -129,8 +129,9 @@ MOBY ?= v2.0.0-beta.24
 # nerdctl and CRI run (into /usr/lib/cni), the iptables their bridge,
 # portmap and firewall plugins call (Debian 12's default iptables-nft: the
 # kernel has nf_tables and the xt matches they use), iperf3 for the network
-# benchmark.
-TEST_DEB_PACKAGES := containernetworking-plugins iptables iperf3
+# benchmark, tini for docker run --init (its static build, the daemon's
+# init-path).
+TEST_DEB_PACKAGES := containernetworking-plugins iptables iperf3 tini
 
 test: deps test-deps build guest test-unit test-integration
 

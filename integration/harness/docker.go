@@ -75,13 +75,20 @@ const (
 // The runtimes a Docker's daemon has besides runc (its default), for
 // `docker run --runtime`: Cocoon's shim, configured as the Containerd's
 // environment says (COCOON_CONFIG, COCOON_STATE_DIR, ...); and, when that
-// environment names a config file, the shim again with the file given as
-// the runtime's options (runtimeoptions' ConfigPath), which the shim
-// reads instead of COCOON_CONFIG's.
+// environment names a config file, the shim again with a copy of that
+// file (Docker.RuntimeConfig) given as the runtime's options
+// (runtimeoptions' ConfigPath), which the shim reads instead of
+// COCOON_CONFIG's: a test that changes the copy sees which file a
+// container's VM was made from.
 const (
 	DockerCocoonRuntime           = "cocoon"
 	DockerCocoonConfigPathRuntime = "cocoon-configpath"
 )
+
+// dockerInitPath is the init that docker run --init runs as the
+// container's PID 1: Debian's tini (make test-deps installs it), static,
+// since it runs on the container's root.
+const dockerInitPath = "/usr/bin/tini-static"
 
 // dockerSlots is how many Dockers may run at once on a host: slot n has
 // the bridge cocoon-dkr<n> on 10.241.n.0/24 and the pool 10.242.n.0/24.
@@ -115,6 +122,10 @@ type Docker struct {
 	Bridge string
 	Subnet *net.IPNet
 	Pool   *net.IPNet
+	// RuntimeConfig is the Cocoon configuration file that the runtime
+	// DockerCocoonConfigPathRuntime names in its options; "" without
+	// that runtime.
+	RuntimeConfig string
 	// Timeout bounds each command: two minutes unless changed.
 	Timeout time.Duration
 
@@ -247,15 +258,27 @@ func (d *Docker) start() error {
 	}
 	runtimes := map[string]any{DockerCocoonRuntime: map[string]any{"runtimeType": CocoonRuntime}}
 	if path := d.Containerd.getenv("COCOON_CONFIG"); path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("the Cocoon configuration for the runtime %s: %w", DockerCocoonConfigPathRuntime, err)
+		}
+		d.RuntimeConfig = filepath.Join(d.Dir, "cocoon-runtime.toml")
+		if err := os.WriteFile(d.RuntimeConfig, data, 0o644); err != nil {
+			return err
+		}
 		runtimes[DockerCocoonConfigPathRuntime] = map[string]any{
 			"runtimeType": CocoonRuntime,
-			"options":     map[string]string{"ConfigPath": path},
+			"options":     map[string]string{"ConfigPath": d.RuntimeConfig},
 		}
 	}
 	config, err := json.MarshalIndent(map[string]any{
 		"features":              map[string]bool{"time-namespaces": false},
 		"runtimes":              runtimes,
 		"default-address-pools": []map[string]any{{"base": d.Pool.String(), "size": 28}},
+		// docker run --init binds this into the container as
+		// /sbin/docker-init (moby looks for docker-init on its PATH
+		// otherwise, which Debian's tini does not provide).
+		"init-path": dockerInitPath,
 	}, "", "  ")
 	if err != nil {
 		return err
