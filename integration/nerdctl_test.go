@@ -138,35 +138,11 @@ func TestNerdctlLifecycle(t *testing.T) {
 				t.Errorf("run attached as 1000:1000: %q", out)
 			}
 			// -it: nerdctl wants a terminal on its stdin.
-			master, slave, err := harness.OpenPty(24, 80)
+			out, err := runOnPty(t, n.Command(context.Background(), "run", "--rm", "-it", "--net", "none", img, "sh", "-c", "tty; echo cols=$(stty size)"), 24, 80)
 			if err != nil {
-				t.Fatal(err)
-			}
-			cmd := n.Command(context.Background(), "run", "--rm", "-it", "--net", "none", img, "sh", "-c", "tty; echo cols=$(stty size)")
-			cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			slave.Close()
-			var tty strings.Builder
-			done := make(chan struct{})
-			go func() {
-				buf := make([]byte, 4096)
-				for {
-					k, err := master.Read(buf)
-					tty.Write(buf[:k])
-					if err != nil {
-						close(done)
-						return
-					}
-				}
-			}()
-			if err := cmd.Wait(); err != nil {
 				t.Errorf("run -it: %v", err)
 			}
-			master.Close()
-			<-done
-			if out := tty.String(); !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "cols=24 80") {
+			if !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "cols=24 80") {
 				t.Errorf("run -it: the container's terminal: %q", out)
 			}
 
