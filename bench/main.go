@@ -69,12 +69,12 @@ func main() {
 	n := flag.Int("n", 7, "samples per boot and memory figure (at least 5)")
 	ctrN := flag.Int("ctr-n", 10, "samples per containerd start and exec figure (at least 10)")
 	podN := flag.Int("pod-n", 5, "serial pod starts per runtime and containerd version (at least 5)")
-	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser", "network", "pod"`)
+	only := flag.String("only", "", `measure only these figures: "copyback" (the deletes after writes), "checkpoint", "template", "execuser", "network", "pod", "docker"`)
 	flag.Parse()
 	switch *only {
-	case "", "copyback", "checkpoint", "template", "execuser", "network", "pod":
+	case "", "copyback", "checkpoint", "template", "execuser", "network", "pod", "docker":
 	default:
-		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template", "execuser", "network" or "pod"`)
+		fmt.Fprintln(os.Stderr, `bench: -only takes "copyback", "checkpoint", "template", "execuser", "network", "pod" or "docker"`)
 		os.Exit(2)
 	}
 	if *n < 5 || *ctrN < 10 || *podN < 5 {
@@ -154,6 +154,14 @@ func run(ctx context.Context, out string, cnt counts, only string) error {
 		rep.Results, rep.Notes = podResults(fs), podNotes(fs)
 		return writeReport(rep, out)
 	}
+	if only == "docker" {
+		f, err := benchDocker(ctx, &env.Config, ctrN)
+		if err != nil {
+			return fmt.Errorf("docker figures: %w", err)
+		}
+		rep.Results = dockerResults(f)
+		return writeReport(rep, out)
+	}
 	if only == "template" {
 		f, err := benchTemplate(ctx, env, n, ctrN)
 		if err != nil {
@@ -211,6 +219,11 @@ func run(ctx context.Context, out string, cnt counts, only string) error {
 		return fmt.Errorf("network figures: %w", err)
 	}
 	rep.Results = append(rep.Results, netResults(nets)...)
+	dockerFigs, err := benchDocker(ctx, &env.Config, ctrN)
+	if err != nil {
+		return fmt.Errorf("docker figures: %w", err)
+	}
+	rep.Results = append(rep.Results, dockerResults(dockerFigs)...)
 	pods, err := benchPods(ctx, cnt.pod)
 	if err != nil {
 		return fmt.Errorf("pod figures: %w", err)

@@ -151,6 +151,12 @@ type Docker struct {
 	cleanErr  error
 }
 
+// OpenDocker starts a Docker on c and waits until it answers, for a
+// caller that is not a test (the benchmarks), which runs its Cleanup
+// before c stops. ErrDockerNotInstalled says that dockerd or the docker
+// CLI is not installed.
+func OpenDocker(c *Containerd) (*Docker, error) { return startDocker(c) }
+
 // NewDocker starts a Docker on c (which StartContainerd started), waits
 // until it answers, and runs its Cleanup when the test ends, before c
 // stops; dockerd's log is printed if the test failed. It skips the test
