@@ -23,9 +23,16 @@ case "$version" in
 v2.*) ;;
 *) echo "install-docker.sh: unsupported version $version (want v2.x)" >&2; exit 2 ;;
 esac
-cli_version="$(apt-cache policy docker.io | awk '/Candidate:/ { print $2 }')"
+candidate() { apt-cache policy docker.io | awk '/Candidate:/ { print $2 }'; }
+cli_version="$(candidate)"
 if [ -z "$cli_version" ] || [ "$cli_version" = "(none)" ]; then
-	echo "install-docker.sh: no docker.io package in apt's lists (run apt-get update)" >&2
+	# A machine whose apt lists were never fetched (make deps fetches
+	# them only when it installs something).
+	apt-get update -qq
+	cli_version="$(candidate)"
+fi
+if [ -z "$cli_version" ] || [ "$cli_version" = "(none)" ]; then
+	echo "install-docker.sh: no docker.io package in apt's lists, even after apt-get update" >&2
 	exit 1
 fi
 want="$version docker.io=$cli_version"
