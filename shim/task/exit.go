@@ -81,11 +81,11 @@ func (s *Service) lostExit(lg *log.Entry, err error) exitStatus {
 // namespace with something else) and waited for, within the grace period.
 func (s *Service) waitExecs(c *container) {
 	s.mu.Lock()
-	var running []<-chan struct{}
+	var running []*process
 	for _, e := range c.execs {
 		switch e.state {
 		case stateStarting, stateRunning, statePaused:
-			running = append(running, e.exited)
+			running = append(running, e)
 		}
 	}
 	var sb Sandbox
@@ -103,15 +103,31 @@ func (s *Service) waitExecs(c *container) {
 			log.G(ctx).WithError(err).WithField("container", c.id).Debug("kill the execs of an exited container")
 		}
 	}
-	for _, ch := range running {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			log.G(ctx).WithField("container", c.id).Warn("execs still running after the container's init exited; publishing its exit anyway")
-			return
+	// An exec that was starting may fail to start instead (the init's
+	// end took its container with it): it goes back to created and never
+	// exits, so its state is looked at too.
+	tick := time.NewTicker(execSettlePoll)
+	defer tick.Stop()
+	for _, e := range running {
+		for settled := false; !settled; {
+			select {
+			case <-e.exited:
+				settled = true
+			case <-tick.C:
+				s.mu.Lock()
+				settled = e.state == stateCreated
+				s.mu.Unlock()
+			case <-ctx.Done():
+				log.G(ctx).WithField("container", c.id).Warn("execs still running after the container's init exited; publishing its exit anyway")
+				return
+			}
 		}
 	}
 }
+
+// execSettlePoll is how often waitExecs looks at the state of an exec
+// that has not exited.
+const execSettlePoll = 50 * time.Millisecond
 
 // recordExitLocked marks p stopped and publishes its exit, unless it is
 // already stopped or deleted. An init's exit is preceded by the OOM kill

@@ -112,6 +112,9 @@ type fakeSandbox struct {
 	startHook func(p *fakeProcess)
 	// createFail, if set, fails CreateContainer.
 	createFail error
+	// execHook, if set, runs inside ExecProcess, which fails with its
+	// error (to simulate a start that the init's exit overtakes).
+	execHook func() error
 }
 
 func newFakeSandbox() *fakeSandbox {
@@ -178,6 +181,14 @@ func (s *fakeSandbox) StartContainer(ctx context.Context, id string) error {
 
 func (s *fakeSandbox) ExecProcess(ctx context.Context, containerID, execID string, sp *specs.Process, stdin io.Reader, stdout, stderr io.Writer) (Process, error) {
 	s.record("exec %s %s %v", containerID, execID, sp.Args)
+	s.mu.Lock()
+	hook := s.execHook
+	s.mu.Unlock()
+	if hook != nil {
+		if err := hook(); err != nil {
+			return nil, err
+		}
+	}
 	p := newFakeProcess(200, stdin, stdout, stderr)
 	s.mu.Lock()
 	s.procs[containerID+"/"+execID] = p

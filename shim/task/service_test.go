@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -312,6 +313,49 @@ func TestExecAndInitExitOrder(t *testing.T) {
 	}
 	if n := len(ts.events.find(TopicDelete)); n != 1 {
 		t.Errorf("%d delete events, want 1 (execs have none)", n)
+	}
+}
+
+// TestInitExitDuringExecStart: an exec that is starting when its
+// container's init exits fails to start (the container is gone with its
+// init) and never exits; the init's exit is published at once, not after
+// the grace for execs (Docker's healthcheck execs, every second, met a
+// docker rm -f this way and it waited the whole grace).
+func TestInitExitDuringExecStart(t *testing.T) {
+	ts := newTestService(t)
+	ts.svc.execGrace = time.Minute
+	ctx := context.Background()
+	ts.mustCreateStart("c1")
+	sb := ts.launcher.sandbox(0)
+	starting, fail := make(chan struct{}), make(chan struct{})
+	sb.mu.Lock()
+	sb.execHook = func() error {
+		close(starting)
+		<-fail
+		return fmt.Errorf("container c1 is stopped: %w", errdefs.ErrFailedPrecondition)
+	}
+	sb.mu.Unlock()
+	if _, err := ts.svc.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "hc", Spec: processSpec(t, "true")}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() {
+		_, err := ts.svc.Start(ctx, &taskapi.StartRequest{ID: "c1", ExecID: "hc"})
+		started <- err
+	}()
+	<-starting
+	sb.proc("c1").exit(137)
+	time.Sleep(100 * time.Millisecond) // the init's exit is waiting for the exec
+	close(fail)
+	if err := <-started; !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("the exec's start: %v", err)
+	}
+	t0 := time.Now()
+	if w := ts.wait("c1", ""); w.ExitStatus != 137 {
+		t.Errorf("init exit = %d", w.ExitStatus)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("the init's exit came %v after the exec's failed start", d)
 	}
 }
 
