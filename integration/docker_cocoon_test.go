@@ -141,8 +141,8 @@ func TestDocker(t *testing.T) {
 // --read-only, -it, --init, the runtime entry whose options name a
 // configuration file, --memory and --cpus (the guest's cgroup and the VM's
 // size) and docker update, an OOM kill, an exit code, a healthcheck,
-// --network none, a user-defined network, and --network container:
-// refused by name.
+// --network none, a user-defined network, and --network host,
+// --privileged and --network container: refused by name.
 func TestDockerFeatures(t *testing.T) {
 	c, _, _ := shimContainerd(t, "2.4")
 	d := harness.NewDocker(t, c)
@@ -227,6 +227,12 @@ func TestDockerFeatures(t *testing.T) {
 		links := d.Run(t, "run", "--rm", r, "--network", "none", img, "sh", "-c", "ip -o addr | grep -v ' lo '; ip -o link | grep -c UP")
 		if strings.TrimSpace(links) != "1" {
 			t.Errorf("%s --network none: addresses besides lo, or links up besides it: %q", r, links)
+		}
+	}
+	// What is outside the VM is refused by name.
+	for _, tc := range []struct{ flag, want string }{{"--network=host", "--net=host"}, {"--privileged", "privileged"}} {
+		if _, stderr, err := d.RunErr("run", "--rm", rt, tc.flag, img, "true"); err == nil || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%s: %v, %q; want a refusal naming %s", tc.flag, err, stderr, tc.want)
 		}
 	}
 	// --network container:<id> would mirror one namespace into two VMs.

@@ -90,6 +90,10 @@ const (
 // since it runs on the container's root.
 const dockerInitPath = "/usr/bin/tini-static"
 
+// dockerHostSandbox is the key of libnetwork's sandbox of the host's
+// network namespace, under <exec root>/netns.
+const dockerHostSandbox = "default"
+
 // dockerSlots is how many Dockers may run at once on a host: slot n has
 // the bridge cocoon-dkr<n> on 10.241.n.0/24 and the pool 10.242.n.0/24.
 const dockerSlots = 256
@@ -571,7 +575,11 @@ func (d *Docker) running() bool {
 //   - mounts under Dir (the data root, the exec root), but not the data
 //     root's bind on itself while dockerd runs (moby's
 //     setupDaemonRootPropagation makes it shared so, and unmounts it at
-//     shutdown), and network namespace files under ExecRoot/netns.
+//     shutdown), and network namespace files under ExecRoot/netns, but
+//     not, while dockerd runs, its host network's sandbox (its key
+//     dockerHostSandbox: a bind of the host's namespace that libnetwork
+//     makes for the first --network host container and keeps until it
+//     stops).
 func (d *Docker) Leftovers() string {
 	var found []string
 	found = append(found, d.containerdLeftovers()...)
@@ -585,9 +593,10 @@ func (d *Docker) Leftovers() string {
 		}
 	}
 	running := d.running()
+	hostSandbox := filepath.Join(d.ExecRoot, "netns", dockerHostSandbox)
 	if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(d.Dir)); err == nil {
 		for _, m := range ms {
-			if running && m.Mountpoint == d.DataRoot {
+			if running && (m.Mountpoint == d.DataRoot || m.Mountpoint == hostSandbox) {
 				continue // dockerd's own, see Leftovers
 			}
 			found = append(found, fmt.Sprintf("%s mount at %s", m.FSType, m.Mountpoint))
@@ -595,6 +604,9 @@ func (d *Docker) Leftovers() string {
 	}
 	ents, _ := os.ReadDir(filepath.Join(d.ExecRoot, "netns"))
 	for _, e := range ents {
+		if running && e.Name() == dockerHostSandbox {
+			continue
+		}
 		found = append(found, "network namespace file "+filepath.Join(d.ExecRoot, "netns", e.Name()))
 	}
 	sort.Strings(found)
