@@ -57,15 +57,7 @@ func TestDockerRunc(t *testing.T) {
 			}
 
 			d.Run(t, "rm", "-f", "web")
-			if left := d.WaitClean(30 * time.Second); left != "" {
-				t.Errorf("left on the host after docker rm -f:\n%s", left)
-			}
-			if err := d.Stop(); err != nil {
-				t.Error(err)
-			}
-			if left := d.Leftovers(); left != "" {
-				t.Errorf("left on the host after dockerd stopped:\n%s", left)
-			}
+			dockerDone(t, d)
 		})
 	}
 }
@@ -73,14 +65,25 @@ func TestDockerRunc(t *testing.T) {
 // waitDockerLogs waits up to 30 s for docker logs of id to show want.
 func waitDockerLogs(t *testing.T, d *harness.Docker, id, want string) {
 	t.Helper()
-	var out string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		out, _, _ = d.RunErr("logs", id)
-		if strings.Contains(out, want) {
-			return
-		}
+	waitShows(t, "docker logs "+id, want, func() string {
+		out, _, _ := d.RunErr("logs", id)
+		return out
+	})
+}
+
+// dockerDone checks that the containers the test removed left nothing on
+// the host, then stops the daemon and checks again.
+func dockerDone(t *testing.T, d *harness.Docker) {
+	t.Helper()
+	if left := d.WaitClean(30 * time.Second); left != "" {
+		t.Errorf("left on the host after docker rm -f:\n%s", left)
 	}
-	t.Errorf("docker logs %s never showed %q: %q", id, want, out)
+	if err := d.Stop(); err != nil {
+		t.Error(err)
+	}
+	if left := d.Leftovers(); left != "" {
+		t.Errorf("left on the host after dockerd stopped:\n%s", left)
+	}
 }
 
 // httpGet fetches url from the host with Go's HTTP client, trying for

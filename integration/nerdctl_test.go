@@ -175,12 +175,21 @@ func TestNerdctlLifecycle(t *testing.T) {
 // waitLogs waits up to 30 s for nerdctl logs of id to show want.
 func waitLogs(t *testing.T, n *harness.Nerdctl, id, want string) {
 	t.Helper()
+	waitShows(t, "nerdctl logs "+id, want, func() string {
+		out, _, _ := n.Run("logs", id)
+		return out
+	})
+}
+
+// waitShows waits up to 30 s for what read returns to hold want; what
+// names it in the failure.
+func waitShows(t *testing.T, what, want string, read func() string) {
+	t.Helper()
 	var out string
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
-		out, _, _ = n.Run("logs", id)
-		if strings.Contains(out, want) {
+		if out = read(); strings.Contains(out, want) {
 			return
 		}
 	}
-	t.Errorf("nerdctl logs %s never showed %q: %q", id, want, out)
+	t.Errorf("%s never showed %q: %q", what, want, out)
 }

@@ -118,7 +118,11 @@ func (s *Service) waitExecs(c *container) {
 				settled = e.state == stateCreated
 				s.mu.Unlock()
 			case <-ctx.Done():
-				log.G(ctx).WithField("container", c.id).Warn("execs still running after the container's init exited; publishing its exit anyway")
+				s.mu.Lock()
+				st := e.state
+				s.mu.Unlock()
+				log.G(ctx).WithFields(log.Fields{"container": c.id, "exec": e.execID, "state": st}).
+					Warn("execs still running after the container's init exited; publishing its exit anyway")
 				return
 			}
 		}

@@ -51,9 +51,16 @@ type Options struct {
 	// no container is left.
 	Shutdown func()
 	// ExecExitGrace bounds how long an init's exit waits for the exits
-	// of its execs (default 10s).
+	// of its execs, which are SIGKILLed then (default defaultExecGrace).
 	ExecExitGrace time.Duration
 }
+
+// defaultExecGrace is how long an init's exit waits for its SIGKILLed
+// execs to be reported gone. A SIGKILLed process goes at once, and its
+// output is given outputGrace; the bound is well inside the 10 s that
+// clients give a SIGKILL before they take the task for hung (Docker then
+// kills the task's pid, QEMU's, itself).
+const defaultExecGrace = 3 * time.Second
 
 // Service is the Task service of one sandbox.
 type Service struct {
@@ -101,7 +108,7 @@ type vmSlot struct {
 func New(o Options) *Service {
 	ctx, cancel := context.WithCancel(context.Background())
 	if o.ExecExitGrace <= 0 {
-		o.ExecExitGrace = 10 * time.Second
+		o.ExecExitGrace = defaultExecGrace
 	}
 	return &Service{
 		ns:         o.Namespace,
