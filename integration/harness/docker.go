@@ -576,10 +576,10 @@ func (d *Docker) running() bool {
 //     root's bind on itself while dockerd runs (moby's
 //     setupDaemonRootPropagation makes it shared so, and unmounts it at
 //     shutdown), and network namespace files under ExecRoot/netns, but
-//     not, while dockerd runs, its host network's sandbox (its key
-//     dockerHostSandbox: a bind of the host's namespace that libnetwork
-//     makes for the first --network host container and keeps until it
-//     stops).
+//     not the host network's sandbox (its key dockerHostSandbox: a bind
+//     of the host's namespace that libnetwork makes for the first
+//     --network host container, with runc as with Cocoon, and leaves
+//     mounted when it stops; Cleanup removes it).
 func (d *Docker) Leftovers() string {
 	var found []string
 	found = append(found, d.containerdLeftovers()...)
@@ -596,7 +596,7 @@ func (d *Docker) Leftovers() string {
 	hostSandbox := filepath.Join(d.ExecRoot, "netns", dockerHostSandbox)
 	if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(d.Dir)); err == nil {
 		for _, m := range ms {
-			if running && (m.Mountpoint == d.DataRoot || m.Mountpoint == hostSandbox) {
+			if (running && m.Mountpoint == d.DataRoot) || m.Mountpoint == hostSandbox {
 				continue // dockerd's own, see Leftovers
 			}
 			found = append(found, fmt.Sprintf("%s mount at %s", m.FSType, m.Mountpoint))
@@ -604,7 +604,7 @@ func (d *Docker) Leftovers() string {
 	}
 	ents, _ := os.ReadDir(filepath.Join(d.ExecRoot, "netns"))
 	for _, e := range ents {
-		if running && e.Name() == dockerHostSandbox {
+		if e.Name() == dockerHostSandbox {
 			continue
 		}
 		found = append(found, "network namespace file "+filepath.Join(d.ExecRoot, "netns", e.Name()))
