@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"unsafe"
@@ -22,6 +24,10 @@ const MaxInterfaces = 16
 // tapPrefix names the taps Plumb makes (cctap0, cctap1, ...); links with
 // it are never taken for the namespace's own interfaces.
 const tapPrefix = "cctap"
+
+// processNamespace is the path of a running process's network namespace,
+// which another container's processes are in.
+var processNamespace = regexp.MustCompile(`^/proc/([0-9]+)/ns/net$`)
 
 // Plumbed is a namespace whose interfaces were connected to taps.
 type Plumbed struct {
@@ -72,6 +78,10 @@ func Plumb(path string) (_ *Plumbed, retErr error) {
 		// namespace); one interface can be redirected to one tap only.
 		return nil, fmt.Errorf("network namespace %s is mirrored into another VM already (it has its tap %s): a namespace's interfaces can stand in one VM only, so a container cannot join the network of a container in another Cocoon VM: %w",
 			path, tap.Attrs().Name, errdefs.ErrNotImplemented)
+	}
+	if m := processNamespace.FindStringSubmatch(filepath.Clean(path)); m != nil {
+		return nil, fmt.Errorf("network namespace %s is process %s's (Docker's and nerdctl's --network container:<id> name another container's so): its interfaces are that container's, and mirroring them into a VM would take them from it; "+
+			"bind-mount the namespace to a file and join that: %w", path, m[1], errdefs.ErrNotImplemented)
 	}
 	links, err := p.unmirrored()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -147,6 +148,38 @@ func TestPlumbLoopbackOnly(t *testing.T) {
 	defer p.Close()
 	if len(p.Config.Interfaces) != 0 || len(p.Taps) != 0 || len(p.Config.Routes) != 0 {
 		t.Errorf("%+v", p.Config)
+	}
+}
+
+// A process's namespace (another container's, as Docker's --network
+// container:<id> names it) is not taken over.
+func TestPlumbProcessNamespace(t *testing.T) {
+	path, _ := testNetns(t)
+	cmd := exec.Command("ip", "netns", "exec", strings.TrimPrefix(path, "/var/run/netns/"), "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	proc := fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		a, _ := os.Readlink(proc)
+		b, _ := os.Readlink("/proc/self/ns/net")
+		if a != b || time.Now().After(deadline) {
+			break // in the namespace (or never: Plumb fails either way)
+		}
+	}
+	if p, err := Plumb(proc); err == nil || !strings.Contains(err.Error(), "--network container") {
+		if p != nil {
+			p.Close()
+		}
+		t.Errorf("Plumb(%s) = %v, want a refusal", proc, err)
+	}
+	ns := strings.TrimPrefix(path, "/var/run/netns/")
+	if out, _ := exec.Command("ip", "-n", ns, "link", "show", "cctap0").CombinedOutput(); !strings.Contains(string(out), "does not exist") {
+		t.Errorf("a refused Plumb made a tap:\n%s", out)
 	}
 }
 
