@@ -20,10 +20,10 @@ import (
 // interface into its namespace after the task's Create (the spare NIC,
 // docs/networking.md) and binds its own /etc/hosts, /etc/hostname and
 // /etc/resolv.conf (virtio-fs). A container serves HTTP on a published
-// port to the host, with a read-only volume; the guest has the address
-// docker inspect reports; exec, logs, top, stats, pause and unpause,
-// commit and diff of a running container's writes, cp out of a stopped
-// one and into a created one; stop with its SIGTERM, kill, restart; and
+// port to the host, with a read-only volume and a read-write --mount;
+// the guest has the address docker inspect reports; exec, logs, top,
+// stats, pause and unpause, commit and diff of a running container's
+// writes, cp out of a paused and a stopped one and into a created one; stop with its SIGTERM, kill, restart; and
 // after rm -f and the daemon's stop nothing is left.
 func TestDocker(t *testing.T) {
 	for _, v := range versions {
@@ -41,8 +41,9 @@ func TestDocker(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(www, "index.html"), []byte("hello-from-cocoon\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
+			data := t.TempDir()
 			port := freeTCPPort(t)
-			d.Run(t, "run", "-d", "--name", "web", rt, "-p", fmt.Sprintf("127.0.0.1:%d:80", port), "-v", www+":/www:ro", img,
+			d.Run(t, "run", "-d", "--name", "web", rt, "-p", fmt.Sprintf("127.0.0.1:%d:80", port), "-v", www+":/www:ro", "--mount", "type=bind,src="+data+",dst=/data", img,
 				"sh", "-c", "echo serving; trap 'echo stopping; exit 0' TERM; httpd -f -p 80 -h /www & wait")
 			if body := httpGet(t, fmt.Sprintf("http://127.0.0.1:%d/index.html", port)); body != "hello-from-cocoon\n" {
 				t.Errorf("the published port answered %q", body)
@@ -53,6 +54,10 @@ func TestDocker(t *testing.T) {
 			}
 			if out, _, err := d.RunErr("exec", "web", "touch", "/www/x"); err == nil {
 				t.Errorf("a write to the read-only volume succeeded: %q", out)
+			}
+			d.Run(t, "exec", "web", "sh", "-c", "echo from-guest > /data/f")
+			if b, err := os.ReadFile(filepath.Join(data, "f")); err != nil || string(b) != "from-guest\n" {
+				t.Errorf("the --mount bind's file on the host: %q, %v", b, err)
 			}
 			if out := d.Run(t, "exec", "web", "cat", "/etc/hostname"); strings.TrimSpace(out) == "" {
 				t.Error("the container's /etc/hostname (Docker's bind) is empty")
@@ -76,6 +81,11 @@ func TestDocker(t *testing.T) {
 			d.Run(t, "pause", "web")
 			if st := d.Run(t, "inspect", "-f", "{{.State.Status}}", "web"); strings.TrimSpace(st) != "paused" {
 				t.Errorf("after pause: %q", st)
+			}
+			paused := filepath.Join(t.TempDir(), "paused.txt")
+			d.Run(t, "cp", "web:/tmp/w.txt", paused)
+			if b, err := os.ReadFile(paused); err != nil || string(b) != "written-in-guest\n" {
+				t.Errorf("docker cp out of the paused container: %q, %v", b, err)
 			}
 			d.Run(t, "unpause", "web")
 			d.Run(t, "commit", "web", "cocoon-test/committed:1")
@@ -228,11 +238,17 @@ func TestDockerFeatures(t *testing.T) {
 			t.Errorf("%s: %v, %q; want a refusal naming %s", tc.flag, err, stderr, tc.want)
 		}
 	}
-	// --network container:<id> would mirror one namespace into two VMs.
+	// --network container:<id> would mirror one namespace into two VMs,
+	// or take a runc container's interfaces from it.
 	if _, stderr, err := d.RunErr("run", "--rm", rt, "--network", "container:hc", img, "true"); err == nil || !strings.Contains(stderr, "mirrored into another VM") {
 		t.Errorf("--network container:hc: %v, %q", err, stderr)
 	}
 	d.Run(t, "rm", "-f", "hc")
+	d.Run(t, "run", "-d", "--name", "rc", "--runtime=runc", img, "sleep", "600")
+	if _, stderr, err := d.RunErr("run", "--rm", rt, "--network", "container:rc", img, "true"); err == nil || !strings.Contains(stderr, "--network container:<id>") {
+		t.Errorf("--network container:rc (runc's): %v, %q", err, stderr)
+	}
+	d.Run(t, "rm", "-f", "rc")
 
 	// A user-defined network (its subnet from the daemon's pool): a
 	// container reaches a peer on it by the address docker inspect gives.
