@@ -271,15 +271,24 @@ func NetworkNamespace(spec *specs.Spec) string {
 // would ever add to it, and the container's own namespace in the guest is
 // the same: loopback only. Neither: the spec has no network namespace.
 func HostNetwork(spec *specs.Spec) (path string, create bool) {
-	if spec == nil || spec.Linux == nil {
+	ns, ok := networkNamespaceOf(spec)
+	if !ok {
 		return "", false
+	}
+	return ns.Path, ns.Path == "" && (HasHostHooks(spec.Hooks) || LateNetwork(spec))
+}
+
+// networkNamespaceOf is spec's network namespace entry, if it has one.
+func networkNamespaceOf(spec *specs.Spec) (specs.LinuxNamespace, bool) {
+	if spec == nil || spec.Linux == nil {
+		return specs.LinuxNamespace{}, false
 	}
 	for _, ns := range spec.Linux.Namespaces {
 		if ns.Type == specs.NetworkNamespace {
-			return ns.Path, ns.Path == "" && (HasHostHooks(spec.Hooks) || LateNetwork(spec))
+			return ns, true
 		}
 	}
-	return "", false
+	return specs.LinuxNamespace{}, false
 }
 
 // networkFiles are the files of a container that the client that manages
@@ -297,16 +306,7 @@ var networkFiles = []string{"/etc/hosts", "/etc/resolv.conf"}
 // boot.) Its VM gets a spare NIC to bind the late interface to at Start
 // (docs/networking.md).
 func LateNetwork(spec *specs.Spec) bool {
-	if spec == nil || spec.Linux == nil || HasHostHooks(spec.Hooks) {
-		return false
-	}
-	newNS := false
-	for _, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace {
-			newNS = ns.Path == ""
-		}
-	}
-	if !newNS {
+	if ns, ok := networkNamespaceOf(spec); !ok || ns.Path != "" || HasHostHooks(spec.Hooks) {
 		return false
 	}
 	for _, b := range Binds(spec) {
