@@ -39,13 +39,21 @@ var ErrCRIToolsNotInstalled = errors.New("cri-tools not installed")
 
 // CRIToolsDir is the directory holding crictl and critest.
 func CRIToolsDir() (string, error) {
-	dir := criToolsDir
-	if d := os.Getenv(criToolsEnvVar); d != "" {
+	return testToolDir(criToolsDir, criToolsEnvVar, ErrCRIToolsNotInstalled, "crictl", "critest")
+}
+
+// testToolDir is the directory holding a test tool's binaries, which
+// `make test-deps` installs into def, or the one the environment variable
+// envVar names instead. When one of the binaries is not there, the error
+// wraps missing and says which.
+func testToolDir(def, envVar string, missing error, binaries ...string) (string, error) {
+	dir := def
+	if d := os.Getenv(envVar); d != "" {
 		dir = d
 	}
-	for _, b := range []string{"crictl", "critest"} {
+	for _, b := range binaries {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			return "", fmt.Errorf("%w: %v (make test-deps builds them; %s names another directory)", ErrCRIToolsNotInstalled, err, criToolsEnvVar)
+			return "", fmt.Errorf("%w: %v (make test-deps installs it; %s names another directory)", missing, err, envVar)
 		}
 	}
 	return dir, nil

@@ -188,14 +188,9 @@ func NewDocker(t testing.TB, c *Containerd) *Docker {
 // startDocker starts a Docker on c and waits until it answers; the caller
 // must call Cleanup.
 func startDocker(c *Containerd) (*Docker, error) {
-	bin := dockerDir
-	if d := os.Getenv(dockerEnvVar); d != "" {
-		bin = d
-	}
-	for _, b := range []string{"dockerd", "docker"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			return nil, fmt.Errorf("%w: %v (make test-deps installs it; %s names another directory)", ErrDockerNotInstalled, err, dockerEnvVar)
-		}
+	bin, err := testToolDir(dockerDir, dockerEnvVar, ErrDockerNotInstalled, "dockerd", "docker")
+	if err != nil {
+		return nil, err
 	}
 	slot, reservation, err := reserveNetSlot(dockerSlots, "cocoon-docker-slot-", dockerBridge, func(slot int) []*net.IPNet {
 		return []*net.IPNet{dockerSubnet(slot), dockerPool(slot)}

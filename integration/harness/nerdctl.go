@@ -149,14 +149,11 @@ func NewNerdctl(t testing.TB, c *Containerd) *Nerdctl {
 // OpenNerdctl is NewNerdctl for programs that are not tests: the caller
 // must call Cleanup before c stops.
 func OpenNerdctl(c *Containerd) (*Nerdctl, error) {
-	bin := nerdctlDir
-	if d := os.Getenv(nerdctlEnvVar); d != "" {
-		bin = d
+	tools, err := testToolDir(nerdctlDir, nerdctlEnvVar, ErrNerdctlNotInstalled, "nerdctl")
+	if err != nil {
+		return nil, err
 	}
-	bin = filepath.Join(bin, "nerdctl")
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%w: %v (make test-deps builds it; %s names another directory)", ErrNerdctlNotInstalled, err, nerdctlEnvVar)
-	}
+	bin := filepath.Join(tools, "nerdctl")
 	for _, plugin := range []string{"bridge", "host-local", "portmap", "firewall", "tuning", "loopback"} {
 		if _, err := os.Stat(filepath.Join(CNIPath, plugin)); err != nil {
 			return nil, fmt.Errorf("%w: CNI plugin %s: %v (install containernetworking-plugins: make test-deps)", ErrNerdctlNotInstalled, plugin, err)
