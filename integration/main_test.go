@@ -59,6 +59,9 @@ func stateRoot(t *testing.T) (stateDir, dataDir string) {
 	if os.Getenv("COCOON_TEMPLATE") == "" {
 		t.Setenv("COCOON_TEMPLATE", "never")
 	}
+	if os.Getenv("COCOON_TEMPLATE_SPARE") == "" {
+		t.Setenv("COCOON_TEMPLATE_SPARE", "false")
+	}
 	t.Cleanup(func() { assertClean(t, stateDir) })
 	return stateDir, dataDir
 }

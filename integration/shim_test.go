@@ -60,8 +60,12 @@ func shimContainerd(t *testing.T, version string) (c *harness.Containerd, img, s
 	}
 	// Sandboxes boot unless a test sets COCOON_TEMPLATE itself: a
 	// template made in the background (auto mode) would boot a VM of
-	// its own while the test runs (template_test.go tests them).
-	kv := []string{"COCOON_CONFIG=" + cfg, "COCOON_STATE_DIR=" + stateDir, "COCOON_DATA_DIR=" + filepath.Join(root, "lib"), "COCOON_TEMPLATE=never"}
+	// its own while the test runs (template_test.go tests them). Nor
+	// are spares made unless a test sets COCOON_TEMPLATE_SPARE: each
+	// start from a template would leave one behind
+	// (template_spare_test.go tests them).
+	kv := []string{"COCOON_CONFIG=" + cfg, "COCOON_STATE_DIR=" + stateDir, "COCOON_DATA_DIR=" + filepath.Join(root, "lib"),
+		"COCOON_TEMPLATE=never", "COCOON_TEMPLATE_SPARE=false"}
 	for _, e := range os.Environ() {
 		name, _, _ := strings.Cut(e, "=")
 		switch name {

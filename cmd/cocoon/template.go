@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
@@ -42,6 +44,27 @@ func templateCommand() *cli.Command {
 					return nil
 				}
 				return err
+			},
+		}, {
+			Name:   "spare",
+			Usage:  "make the spare of the template of the configured shape and hold it until a sandbox takes it over (the shim runs it)",
+			Hidden: true,
+			Flags: []cli.Flag{
+				&cli.IntFlag{Name: "vcpus", Usage: "vCPUs, instead of hypervisor.vcpus (as io.cocoon.vcpus)"},
+				&cli.IntFlag{Name: "memory-mib", Usage: "guest memory in MiB, instead of hypervisor.memory_mib (as io.cocoon.memory_mib)"},
+				&cli.StringFlag{Name: "key", Usage: "the shape's key", Required: true},
+			},
+			Action: func(c *cli.Context) error {
+				env, err := admin.LoadEnv(c.String("config"))
+				if err != nil {
+					return err
+				}
+				// SIGTERM and SIGINT stop the spare's VM before it exits.
+				ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+				defer stop()
+				return env.RunSpare(ctx, os.Stdout, admin.TemplateOptions{
+					VCPUs: c.Int("vcpus"), MemoryMiB: c.Int("memory-mib"), Key: c.String("key"),
+				})
 			},
 		}, {
 			Name:    "ls",

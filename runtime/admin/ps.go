@@ -96,8 +96,13 @@ func (e *Env) GC(ctx context.Context, w io.Writer) error {
 	// one that outlived its maker (killed mid-creation) is ended.
 	creating := e.Templates().Creating()
 	for _, s := range list {
-		orphan := s.VMMPid != 0 && filepath.Base(filepath.Dir(s.Dir)) == sandbox.TemplateNamespace && !creating
-		if (s.VMMPid != 0 && !orphan) || e.young(s) {
+		ns := filepath.Base(filepath.Dir(s.Dir))
+		// So is a spare's whose spare process is gone (killed): its
+		// lock is held from before its VM starts until its VM is
+		// stopped or handed over, so its age does not matter.
+		spareOrphan := ns == sandbox.SpareNamespace && !sandbox.SpareHeld(e.Config.Runtime.StateDir, sandbox.SpareKeyOf(filepath.Base(s.Dir)))
+		orphan := s.VMMPid != 0 && ns == sandbox.TemplateNamespace && !creating || spareOrphan
+		if (s.VMMPid != 0 && !orphan) || e.young(s) && !spareOrphan {
 			continue
 		}
 		if err := qemu.Cleanup(ctx, s.Dir); err != nil {

@@ -71,18 +71,10 @@ func (e *Env) sandboxOptions(id string) (sandbox.Options, error) {
 // CreateTemplate makes the template of the configured shape (or of the
 // size o gives) and says on w what it did.
 func (e *Env) CreateTemplate(ctx context.Context, w io.Writer, o TemplateOptions) error {
-	cfg := e.Config
-	if o.VCPUs > 0 {
-		cfg.Hypervisor.VCPUs = o.VCPUs
-	}
-	if o.MemoryMiB > 0 {
-		cfg.Hypervisor.MemoryMiB = o.MemoryMiB
-	}
-	if err := cfg.Validate(); err != nil {
+	env, err := e.sized(o)
+	if err != nil {
 		return err
 	}
-	env := *e
-	env.Config = cfg
 	so, err := env.sandboxOptions("template")
 	if err != nil {
 		return err
@@ -107,6 +99,23 @@ func (e *Env) CreateTemplate(ctx context.Context, w io.Writer, o TemplateOptions
 	fmt.Fprintf(w, "template %s created in %v (guest ready in %d ms, saved in %d ms): %s\n",
 		t.Key(), time.Since(began).Round(time.Millisecond), m.BootMillis, m.SaveMillis, t.Dir)
 	return nil
+}
+
+// sized is e with the VM size of o, if it gives one.
+func (e *Env) sized(o TemplateOptions) (*Env, error) {
+	cfg := e.Config
+	if o.VCPUs > 0 {
+		cfg.Hypervisor.VCPUs = o.VCPUs
+	}
+	if o.MemoryMiB > 0 {
+		cfg.Hypervisor.MemoryMiB = o.MemoryMiB
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	env := *e
+	env.Config = cfg
+	return &env, nil
 }
 
 // CurrentShape is the shape of a sandbox of the configuration's size:
@@ -164,6 +173,9 @@ func (e *Env) ListTemplates(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t%s\t%s\n", mark(en.Key), en.Key, humanBytes(en.DiskBytes), status)
 			continue
 		}
+		if sandbox.SpareHeld(e.Config.Runtime.StateDir, en.Key) {
+			status += "; a spare waits"
+		}
 		m := en.Template.Manifest
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", mark(en.Key), en.Key, shapeColumns(m.Shape),
 			m.Created.Local().Format(time.RFC3339), humanBytes(en.DiskBytes), status)
@@ -192,6 +204,8 @@ func (e *Env) ListTemplates(w io.Writer) error {
 	}
 	if e.Config.Template.Mode == config.TemplateNever {
 		fmt.Fprintf(w, "template.mode is never: sandboxes boot, whatever templates there are\n")
+	} else if !e.Config.Template.Spare {
+		fmt.Fprintf(w, "template.spare is off: no spare is made\n")
 	}
 	return nil
 }
@@ -282,6 +296,10 @@ func (e *Env) RemoveTemplates(w io.Writer, keys []string, all bool) error {
 	}
 	var errs []error
 	for _, key := range keys {
+		// Its spare first: it would end itself within a minute anyway.
+		if err := e.stopSpare(context.Background(), w, key); err != nil {
+			errs = append(errs, err)
+		}
 		_, statErr := os.Lstat(filepath.Join(store.Dir(), key))
 		if err := store.Remove(key); err != nil {
 			errs = append(errs, err)
@@ -516,7 +534,7 @@ func (e *Env) GCTemplates(ctx context.Context, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "templates %s: removed %d, freed %s\n", dir, len(removed), humanBytes(freed))
 	if err != nil {
-		return fmt.Errorf("templates gc: %w", err)
+		err = fmt.Errorf("templates gc: %w", err)
 	}
-	return nil
+	return errors.Join(err, e.gcSpares(ctx, w))
 }

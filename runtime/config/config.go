@@ -81,6 +81,10 @@ const (
 type Template struct {
 	// Mode is TemplateAuto, TemplateNever or TemplateRequired.
 	Mode string `toml:"mode"`
+	// Spare keeps one clone of a template restored and warmed ahead of
+	// need, after a sandbox started from it, for the next sandbox of its
+	// shape to take over (docs/templates.md).
+	Spare bool `toml:"spare"`
 }
 
 // Hypervisor configures the VMM and the guest's shape.
@@ -202,7 +206,7 @@ func Default() Config {
 			AgentTimeout:    Duration{60 * time.Second},
 			ConsoleLogBytes: 1 << 20,
 		},
-		Template: Template{Mode: TemplateAuto},
+		Template: Template{Mode: TemplateAuto, Spare: true},
 		// A provisioning takes milliseconds; seconds are a guest in
 		// trouble.
 		ExecUser: ExecUser{Timeout: Duration{5 * time.Second}},
@@ -225,6 +229,14 @@ var envOverrides = [...]struct {
 }{
 	{"COCOON_ACCEL", "hypervisor.accel", func(c *Config, v string) error { c.Hypervisor.Accel = v; return nil }},
 	{"COCOON_TEMPLATE", "template.mode", func(c *Config, v string) error { c.Template.Mode = v; return nil }},
+	{"COCOON_TEMPLATE_SPARE", "template.spare", func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("want true or false: %w", err)
+		}
+		c.Template.Spare = b
+		return nil
+	}},
 	{"COCOON_EXEC_USER", "exec_user.user", func(c *Config, v string) error { c.ExecUser.User = v; return nil }},
 	{"COCOON_CHANNEL", "hypervisor.channel", func(c *Config, v string) error { c.Hypervisor.Channel = v; return nil }},
 	{"COCOON_QEMU", "hypervisor.path", func(c *Config, v string) error { c.Hypervisor.Path = v; return nil }},

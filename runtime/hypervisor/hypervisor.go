@@ -277,3 +277,43 @@ type Plan struct {
 type Planner interface {
 	Plan(spec Spec) (Plan, error)
 }
+
+// Handoff is a running VM passed from the process that launched it to
+// another, which takes it over (a spare VM claimed by a sandbox): what
+// the receiver needs besides the files that go with it.
+type Handoff struct {
+	// Driver is the driver that launched the VM.
+	Driver string `json:"driver"`
+	// PID is the VMM's process id; Name what tells that process from any
+	// other (QEMU's -name).
+	PID  int    `json:"pid"`
+	Name string `json:"name"`
+	// StateDir is the directory the VM was launched in. The receiver
+	// moves it to its own place before it adopts the VM.
+	StateDir string `json:"state_dir"`
+	// Machine is the machine as it runs.
+	Machine Machine `json:"machine"`
+	// Endpoint is the agent's; a serial socket path is relative to the
+	// state directory.
+	Endpoint channel.Endpoint `json:"endpoint"`
+	// Memory is the VM's RAM file, if it has one.
+	Memory *MemoryFile `json:"memory,omitempty"`
+}
+
+// Detacher is implemented by VMs that can be handed to another process.
+type Detacher interface {
+	// Detach stops watching the VM and returns what another process
+	// needs to take it over, with the files that go with it (in the
+	// order the driver's Adopt wants them). The VMM runs on; the VM must
+	// not be used again in this process.
+	Detach() (Handoff, []*os.File, error)
+}
+
+// Adopter is implemented by drivers that take over a VM that another
+// process detached.
+type Adopter interface {
+	// Adopt takes over the VM of h, whose state directory is now
+	// stateDir, with the files Detach returned (Adopt owns them). On
+	// error the VMM is ended and reaped, whoever's child it is.
+	Adopt(ctx context.Context, h Handoff, files []*os.File, stateDir string) (VM, error)
+}

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -122,9 +123,14 @@ type Options struct {
 	// refused.
 	Share bool
 
-	// memory is the RAM file of a template's own VM (MakeTemplate),
-	// which is not watched: its agent session is ended before the save.
+	// memory is the RAM file of a template's own VM (MakeTemplate).
 	memory *hypervisor.MemoryFile
+	// unwatched leaves the VM's end unwatched: a template's own VM and a
+	// spare's, whose agent sessions are ended once they are ready.
+	unwatched bool
+	// spare is the spare VM (of Template) that the start takes over
+	// instead of launching one (spare.go).
+	spare *claimedSpare
 }
 
 // Sandbox is one running microVM with a ready agent.
@@ -253,7 +259,17 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		}
 		r.took.verify = time.Since(began)
 	}
-	if err := makeStateDir(s.Dir); err != nil {
+	spare := o.spare
+	if r != nil || clone == nil {
+		spare = nil
+	}
+	if spare != nil {
+		defer spare.close()
+		err = takeSpareDir(ctx, o.Driver, spare, s.Dir)
+	} else {
+		err = makeStateDir(s.Dir)
+	}
+	if err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("sandbox %s/%s: %w", o.Namespace, o.ID, errdefs.ErrAlreadyExists)
 		}
@@ -281,7 +297,7 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	if err := s.setUpHost(startCtx, o, &spec); err != nil {
 		return nil, err
 	}
-	if clone != nil {
+	if clone != nil && spare == nil {
 		if spec.Memory, spec.Restore, err = cloneFrom(clone); err != nil {
 			return nil, err
 		}
@@ -306,12 +322,24 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		spec.Restore.Resume = false
 	}
 	launched := time.Now()
-	s.vm, err = o.Driver.Launch(startCtx, spec)
+	var parked net.Conn
+	if spare != nil {
+		// A spare is paused, parked in its handshake: it is resumed
+		// once the host holds its agent channel, as a clone is.
+		s.vm, err = adoptSpare(startCtx, o.Driver, spare, s.Dir)
+		resumeAfterDial, parked = true, spare.agent
+		spare.agent = nil
+	} else {
+		s.vm, err = o.Driver.Launch(startCtx, spec)
+	}
 	if err != nil {
+		if parked != nil {
+			parked.Close()
+		}
 		return nil, fmt.Errorf("launch vm: %w", err)
 	}
 	connecting := time.Now()
-	if err := s.connect(startCtx, resumeAfterDial); err != nil {
+	if err := s.connect(startCtx, resumeAfterDial, parked); err != nil {
 		return nil, err
 	}
 	if n := s.host.net; n != nil && len(n.Config.Interfaces) > 0 {
@@ -344,7 +372,7 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	s.agent.SetCallTimeout(s.agentTimeout, func(method string) {
 		s.die(ctx, fmt.Errorf("the guest agent did not answer %s within %v", method, s.agentTimeout))
 	})
-	if o.memory != nil {
+	if o.unwatched {
 		close(s.watchDone)
 	} else {
 		go s.watch(context.WithoutCancel(ctx))
@@ -400,8 +428,9 @@ func planLaunch(o Options) (launchPlan, error) {
 // not boot says why.
 //
 // resume says the VM was restored paused: it is resumed once the host is
-// connected to the agent channel.
-func (s *Sandbox) connect(ctx context.Context, resume bool) error {
+// connected to the agent channel. conn, if set, is that channel already
+// connected (a spare's, handed over); connect owns it.
+func (s *Sandbox) connect(ctx context.Context, resume bool, conn net.Conn) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
@@ -426,9 +455,11 @@ func (s *Sandbox) connect(ctx context.Context, resume bool) error {
 	}
 
 	began := time.Now()
-	conn, err := s.vm.AgentEndpoint().Dial(ctx)
-	if err != nil {
-		return fail("connect", err)
+	if conn == nil {
+		var err error
+		if conn, err = s.vm.AgentEndpoint().Dial(ctx); err != nil {
+			return fail("connect", err)
+		}
 	}
 	dialed := time.Now()
 	if resume {
@@ -444,6 +475,7 @@ func (s *Sandbox) connect(ctx context.Context, resume bool) error {
 	}
 	// Connect waits for the agent to take the channel (its handshake):
 	// a guest that never gets there is not ready.
+	var err error
 	s.agent, err = agent.Connect(ctx, conn)
 	if err != nil {
 		conn.Close()

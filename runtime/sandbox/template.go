@@ -80,6 +80,8 @@ func MakeTemplate(ctx context.Context, o Options, store *template.Store, co temp
 		bo := o
 		bo.Namespace, bo.ID, bo.Template = TemplateNamespace, "template-"+key, nil
 		bo.memory = &hypervisor.MemoryFile{Path: b.Memory, Shared: true}
+		// Its agent session is ended before the save.
+		bo.unwatched = true
 		sb, err := Start(ctx, bo)
 		if err != nil {
 			return built, fmt.Errorf("boot the template's guest: %w", err)
@@ -187,9 +189,11 @@ type TemplateUse struct {
 	// Key is the key of the sandbox's shape.
 	Key string
 	// Used says the VM started from the template; otherwise it booted,
-	// and Why says why.
-	Used bool
-	Why  string
+	// and Why says why. Spare says it started from the template's spare:
+	// a clone made ahead of need and taken over.
+	Used  bool
+	Spare bool
+	Why   string
 	// Missing says that no valid template of the shape exists: in auto
 	// mode the caller makes one in the background.
 	Missing bool
@@ -226,6 +230,10 @@ func StartWithTemplate(ctx context.Context, o Options, store *template.Store) (*
 	switch {
 	case err == nil:
 		o.Template = t
+		if sb, ok := startFromSpare(ctx, o, use.Key); ok {
+			use.Used, use.Spare = true, true
+			return sb, use, nil
+		}
 		sb, err := Start(ctx, o)
 		if err == nil {
 			use.Used = true
@@ -256,4 +264,31 @@ func StartWithTemplate(ctx context.Context, o Options, store *template.Store) (*
 	o.Template = nil
 	sb, err := Start(ctx, o)
 	return sb, use, err
+}
+
+// startFromSpare starts the sandbox of o (whose Template is set) from the
+// spare of key if one waits and template.spare is on. A spare that cannot
+// be claimed or taken over is passed over with a log line (its VM is
+// ended), and the caller starts a clone as it would without one.
+func startFromSpare(ctx context.Context, o Options, key string) (*Sandbox, bool) {
+	if !o.Config.Template.Spare {
+		return nil, false
+	}
+	lg := log.G(ctx).WithField("sandbox", o.ID).WithField("key", key)
+	c, err := claimSpare(ctx, o.Config.Runtime.StateDir, key)
+	if err != nil {
+		lg.WithError(err).Warn("passing over the spare of this shape")
+		return nil, false
+	}
+	if c == nil {
+		lg.Debug("no spare of this shape waits")
+		return nil, false
+	}
+	o.spare = c
+	sb, err := Start(ctx, o)
+	if err != nil {
+		lg.WithError(err).Warn("the start from the spare of this shape failed; starting a clone")
+		return nil, false
+	}
+	return sb, true
 }

@@ -61,6 +61,11 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (_ task.Sand
 			}
 		}()
 	}
+	if group != nil {
+		// A spare's QEMU is in the cgroup of the shim that made it, not
+		// this pod's.
+		o.Config.Template.Spare = false
+	}
 	store := template.Open(o.Config.Runtime.DataDir)
 	sb, use, err := sandbox.StartWithTemplate(ctx, o, store)
 	if err != nil {
@@ -68,7 +73,10 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (_ task.Sand
 	}
 	lg := log.G(ctx).WithFields(log.Fields{"sandbox": r.ID, "template_mode": use.Mode, "key": use.Key, "ready_ms": sb.ReadyIn.Milliseconds()})
 	if use.Used {
-		lg.Info("sandbox started from template")
+		lg.WithField("spare", use.Spare).Info("sandbox started from template")
+		if o.Config.Template.Spare {
+			l.makeSpare(ctx, store, r, use.Key)
+		}
 	} else {
 		lg.WithField("reason", use.Why).Info("sandbox booted")
 		if use.Missing && use.Mode == config.TemplateAuto {

@@ -32,28 +32,50 @@ func (l Launcher) makeTemplate(ctx context.Context, store *template.Store, r tas
 		lg.WithField("failed_at", f.Time).WithField("error", f.Error).Warn("not making the template of this shape: its last creation failed; `cocoon template create` tries again")
 		return
 	}
-	exe, err := cliPath()
-	if err != nil {
-		lg.WithError(err).Warn("cannot make the template of this shape in the background")
-		return
-	}
-	args := []string{}
-	if path, err := ConfigPath(r.Options); err == nil && path != "" {
-		args = append(args, "--config", path)
-	}
-	args = append(args, "template", "create", "--auto", "--key", key)
-	if v, ok := r.Annotations[oci.AnnotationVCPUs]; ok {
-		args = append(args, "--vcpus", v)
-	}
-	if v, ok := r.Annotations[oci.AnnotationMemoryMiB]; ok {
-		args = append(args, "--memory-mib", v)
-	}
-	pid, err := store.Spawn(exe, args)
+	pid, err := spawnCLI(store, r, "create", "--auto", "--key", key)
 	if err != nil {
 		lg.WithError(err).Warn("cannot make the template of this shape in the background")
 		return
 	}
 	lg.WithField("pid", pid).WithField("log", filepath.Join(store.Dir(), template.LogName)).Info("making the template of this shape in the background")
+}
+
+// makeSpare starts the spare of template key in the background after a
+// start from the template, so that the next sandbox of its shape takes
+// it over: `cocoon template spare`, detached, with the sandbox's
+// configuration as makeTemplate passes it. It never waits; the child
+// gives way to a spare of the key already there.
+func (l Launcher) makeSpare(ctx context.Context, store *template.Store, r task.LaunchRequest, key string) {
+	lg := log.G(ctx).WithField("key", key)
+	pid, err := spawnCLI(store, r, "spare", "--key", key)
+	if err != nil {
+		lg.WithError(err).Warn("cannot make the spare of this shape")
+		return
+	}
+	lg.WithField("pid", pid).Debug("making the spare of this shape in the background")
+}
+
+// spawnCLI starts `cocoon template <args>` detached (template.Store.Spawn)
+// with the sandbox's configuration: the same config file, the
+// environment the shim has, the annotations that size the VM.
+func spawnCLI(store *template.Store, r task.LaunchRequest, args ...string) (int, error) {
+	exe, err := cliPath()
+	if err != nil {
+		return 0, err
+	}
+	var argv []string
+	if path, err := ConfigPath(r.Options); err == nil && path != "" {
+		argv = append(argv, "--config", path)
+	}
+	argv = append(argv, "template")
+	argv = append(argv, args...)
+	if v, ok := r.Annotations[oci.AnnotationVCPUs]; ok {
+		argv = append(argv, "--vcpus", v)
+	}
+	if v, ok := r.Annotations[oci.AnnotationMemoryMiB]; ok {
+		argv = append(argv, "--memory-mib", v)
+	}
+	return store.Spawn(exe, argv)
 }
 
 // cliPath finds the cocoon command.

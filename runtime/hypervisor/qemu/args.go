@@ -22,6 +22,10 @@ const (
 	// ConsoleLogName is the guest console, capped at Spec.ConsoleLogBytes.
 	// Stop keeps it for post-mortems; the state dir's owner removes it.
 	ConsoleLogName = "console.log"
+	// NameFileName holds QEMU's -name when it is not the state dir's own:
+	// a QEMU adopted from a spare was launched in the spare's directory
+	// and is known by that name (handoff.go).
+	NameFileName = "qemu.name"
 )
 
 // AgentPortID is the QEMU device id of the agent's virtio-serial port in a

@@ -50,6 +50,7 @@ func Cleanup(ctx context.Context, stateDir string) error {
 		filepath.Join(stateDir, AgentSocketName),
 		filepath.Join(stateDir, PIDFileName),
 		filepath.Join(stateDir, PIDFileName+".tmp"),
+		filepath.Join(stateDir, NameFileName),
 	)
 }
 

@@ -246,10 +246,11 @@ func (d *Driver) launch(ctx context.Context, spec hypervisor.Spec) (_ *VM, retEr
 		id:        spec.ID,
 		memory:    spec.Memory,
 		stateDir:  spec.StateDir,
-		cmd:       cmd,
+		proc:      childProcess{cmd},
+		name:      nameArg(spec.StateDir),
 		log:       lg.WithField("pid", cmd.Process.Pid),
 		console:   newRing(consoleRingBytes),
-		stderr:    newRing(stderrRingBytes),
+		stderrLog: newRing(stderrRingBytes),
 		exited:    make(chan struct{}),
 		ioDone:    make(chan struct{}),
 		stopSem:   make(chan struct{}, 1),
@@ -442,7 +443,7 @@ func clearStaleState(ctx context.Context, lg *log.Entry, stateDir string) error 
 	if err := cleanupVirtiofsd(ctx, lg, stateDir); err != nil {
 		return fmt.Errorf("stale virtiofsd: %w", err)
 	}
-	for _, name := range []string{QMPSocketName, AgentSocketName, PIDFileName} {
+	for _, name := range []string{QMPSocketName, AgentSocketName, PIDFileName, NameFileName} {
 		if err := os.Remove(filepath.Join(stateDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove stale %s: %w", name, err)
 		}
@@ -476,8 +477,19 @@ func readPIDFile(path string) (int, error) {
 }
 
 // isOurQEMU says whether pid is a QEMU serving stateDir, judged from its
-// command line, so that a recycled pid is never signalled.
+// command line, so that a recycled pid is never signalled. A QEMU
+// launched for stateDir has its path in its -name; one adopted from a
+// spare has the spare's, which stateDir's NameFileName records.
 func isOurQEMU(pid int, stateDir string) bool {
+	want := nameArg(stateDir)
+	if data, err := os.ReadFile(filepath.Join(stateDir, NameFileName)); err == nil {
+		want = strings.TrimSpace(string(data))
+	}
+	return hasName(pid, want)
+}
+
+// hasName says whether pid is a QEMU whose -name is name.
+func hasName(pid int, name string) bool {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
 		return false
@@ -486,9 +498,8 @@ func isOurQEMU(pid int, stateDir string) bool {
 	if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "qemu") {
 		return false
 	}
-	want := nameArg(stateDir)
 	for i := 1; i+1 < len(argv); i++ {
-		if argv[i] == "-name" && argv[i+1] == want {
+		if argv[i] == "-name" && argv[i+1] == name {
 			return true
 		}
 	}
@@ -530,9 +541,9 @@ func (v *VM) waitQMP(ctx context.Context, sock string) (*qmp.Client, error) {
 			if err := v.ExitError(); err != nil {
 				return nil, fmt.Errorf("qemu exited during startup: %w", err)
 			}
-			return nil, fmt.Errorf("%w: qemu exited during startup with status 0%s", hypervisor.ErrVMExited, stderrSuffix(v.stderr))
+			return nil, fmt.Errorf("%w: qemu exited during startup with status 0%s", hypervisor.ErrVMExited, stderrSuffix(v.stderrLog))
 		case <-ctx.Done():
-			return nil, fmt.Errorf("wait for qemu control socket: %w (last error: %v)%s", ctx.Err(), err, stderrSuffix(v.stderr))
+			return nil, fmt.Errorf("wait for qemu control socket: %w (last error: %v)%s", ctx.Err(), err, stderrSuffix(v.stderrLog))
 		case <-time.After(backoff):
 		}
 		if backoff < 50*time.Millisecond {

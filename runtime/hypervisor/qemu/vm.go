@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,8 +39,15 @@ const ioDrainWait = time.Second
 type VM struct {
 	id       string
 	stateDir string
-	cmd      *exec.Cmd
-	endpoint channel.Endpoint
+	// proc is the QEMU process: a child of this process, or one adopted
+	// from the spare that launched it (handoff.go).
+	proc process
+	// name is QEMU's -name, which tells it from any other process.
+	name string
+	// stdout and stderr are the read ends of QEMU's console and stderr
+	// pipes, which the pumps drain; Detach hands them over.
+	stdout, stderr *os.File
+	endpoint       channel.Endpoint
 	// log carries the sandbox id and pid; it outlives the Launch context.
 	log *log.Entry
 	// qmp is set once Launch returns and never changes.
@@ -51,8 +59,11 @@ type VM struct {
 	// fs serves Spec.Share; nil without one. Stop ends it after QEMU.
 	fs *virtiofsd
 
-	console *ring // last 64 KiB of the guest console
-	stderr  *ring // last 16 KiB of QEMU's stderr
+	console   *ring // last 64 KiB of the guest console
+	stderrLog *ring // last 16 KiB of QEMU's stderr
+	// detaching is set by Detach before it stops the pumps: their pipes
+	// are then handed over, not closed.
+	detaching atomic.Bool
 
 	exited    chan struct{} // closed when QEMU has exited and been reaped
 	ioDone    chan struct{} // closed when console and stderr reached EOF
@@ -63,7 +74,8 @@ type VM struct {
 
 	// mu guards the fields below.
 	mu sync.Mutex
-	// waitErr is cmd.Wait's result, valid once exited is closed.
+	// waitErr is the process's wait result, valid once exited is
+	// closed.
 	waitErr error
 	// sentSignal is the last signal Stop (or a failed Launch) sent, so
 	// that ExitError can tell a kill we asked for from one we did not.
@@ -78,7 +90,7 @@ type VM struct {
 var _ hypervisor.VM = (*VM)(nil)
 
 // PID is QEMU's process id.
-func (v *VM) PID() int { return v.cmd.Process.Pid }
+func (v *VM) PID() int { return v.proc.pid() }
 
 // AgentEndpoint says how to reach the guest agent.
 func (v *VM) AgentEndpoint() channel.Endpoint { return v.endpoint }
@@ -139,7 +151,7 @@ func (v *VM) ExitError() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !v.exitErrDone {
-		v.exitErr = describeExit(v.waitErr, v.sentSignal, v.shutdownReason, v.stderr)
+		v.exitErr = describeExit(v.waitErr, v.sentSignal, v.shutdownReason, v.stderrLog)
 		v.exitErrDone = true
 	}
 	return v.exitErr
@@ -186,22 +198,28 @@ func stderrSuffix(stderr *ring) string {
 	return ": qemu stderr: " + strings.Join(lines, " | ")
 }
 
-// startPumps drains QEMU's stdout (the guest console) and stderr.
+// startPumps drains QEMU's stdout (the guest console) and stderr until
+// they reach EOF, or until Detach stops them.
 func (v *VM) startPumps(stdout, stderr *os.File, consoleLog *cappedLog) {
+	v.stdout, v.stderr = stdout, stderr
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		pumpConsole(stdout, v.console, consoleLog)
-		stdout.Close()
+		if !v.detaching.Load() {
+			stdout.Close()
+		}
 		consoleLog.f.Close()
 	}()
 	go func() {
 		defer wg.Done()
-		pumpStderr(stderr, v.stderr, func(line string) {
+		pumpStderr(stderr, v.stderrLog, func(line string) {
 			v.log.WithField("stderr", line).Warn("qemu")
 		})
-		stderr.Close()
+		if !v.detaching.Load() {
+			stderr.Close()
+		}
 	}()
 	go func() {
 		wg.Wait()
@@ -212,7 +230,7 @@ func (v *VM) startPumps(stdout, stderr *os.File, consoleLog *cappedLog) {
 // reap waits for QEMU to exit. It runs from start to exit, so an external
 // kill is noticed at once.
 func (v *VM) reap() {
-	err := v.cmd.Wait()
+	err := v.proc.wait()
 	v.mu.Lock()
 	v.waitErr = err
 	v.mu.Unlock()
@@ -243,14 +261,14 @@ func (v *VM) watchEvents() {
 	}
 }
 
-// signal sends sig to QEMU and remembers it for ExitError. os.Process
-// signals through a pidfd, so a reaped and recycled pid is never hit.
-// QEMU runs with spawn=deny and so has no children to signal.
+// signal sends sig to QEMU and remembers it for ExitError. Both kinds of
+// process signal through a pidfd, so a reaped and recycled pid is never
+// hit. QEMU runs with spawn=deny and so has no children to signal.
 func (v *VM) signal(sig syscall.Signal) {
 	v.mu.Lock()
 	v.sentSignal = sig
 	v.mu.Unlock()
-	if err := v.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := v.proc.signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		v.log.WithError(err).WithField("signal", sig.String()).Warn("signal qemu")
 	}
 }
@@ -305,6 +323,7 @@ func (v *VM) Stop(ctx context.Context) error {
 		filepath.Join(v.stateDir, QMPSocketName),
 		filepath.Join(v.stateDir, AgentSocketName),
 		filepath.Join(v.stateDir, PIDFileName),
+		filepath.Join(v.stateDir, NameFileName),
 	)
 	if v.fs != nil {
 		err = errors.Join(err, v.fs.stop(ctx))

@@ -1,0 +1,568 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"crypto/rand"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/cocoonrt/cocoon/guest/api"
+	"github.com/cocoonrt/cocoon/runtime/channel"
+	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/template"
+)
+
+// A spare is a clone of a template started ahead of need: restored, its
+// agent's session run once (so that under TCG its code is translated in
+// that QEMU), parked in its handshake and paused. It waits, held by a
+// `cocoon template spare` process, for the first sandbox of its shape,
+// whose start takes the running QEMU over instead of launching one: a
+// start from a spare pays neither QEMU's start nor the state's load nor
+// the first run of the agent's code, and gives the guest its identity
+// (clock, entropy, hostname) as every start does before anything of the
+// sandbox runs in it. One spare per shape at most: the spare process
+// holds <state_dir>/cocoon.spares/<key>.lock and serves claims on
+// <key>.sock beside it; its VM's state directory is a sandbox's of
+// namespace SpareNamespace, moved to the claiming sandbox's place.
+
+// SpareNamespace is the namespace of spares' VMs, and the directory under
+// runtime.state_dir of their locks and claim sockets.
+const SpareNamespace = "cocoon.spares"
+
+// ErrSpareRunning is RunSpare's error when a spare of the shape is
+// already there (or being made).
+var ErrSpareRunning = errors.New("a spare of this shape is already there")
+
+// spareCheckEvery is how often a waiting spare checks that its template
+// is still there and valid, and ends itself when it is not.
+const spareCheckEvery = 30 * time.Second
+
+// spareIOTimeout bounds one exchange on a spare's claim socket.
+const spareIOTimeout = 5 * time.Second
+
+// Operations on a spare's claim socket.
+const (
+	spareClaim = "claim"
+	spareStop  = "stop"
+)
+
+// spareRequest is what a claim socket reads: one message.
+type spareRequest struct {
+	Op  string `json:"op"`
+	Key string `json:"key"`
+}
+
+// spareReply answers it; a claim's carries the VM's files.
+type spareReply struct {
+	Handoff *hypervisor.Handoff `json:"handoff,omitempty"`
+	// AgentConn says the last file is the parked agent connection
+	// (virtio-serial); on vsock the claimer dials the guest.
+	AgentConn bool   `json:"agent_conn,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// SparePaths are the lock and claim socket of key's spare under
+// stateDir.
+func SparePaths(stateDir, key string) (lock, sock string) {
+	dir := filepath.Join(stateDir, SpareNamespace)
+	return filepath.Join(dir, key+".lock"), filepath.Join(dir, key+".sock")
+}
+
+// SpareOptions are what RunSpare needs besides the sandbox's options.
+type SpareOptions struct {
+	// Key is the shape's key, which o must have.
+	Key string
+	// Ready, if set, is called once the spare waits for a claim.
+	Ready func(dir string)
+}
+
+// RunSpare makes the spare of o's shape from its template in store and
+// serves it: it returns once a sandbox has claimed it (its VM is then
+// that sandbox's), once it is asked to stop or ctx ends (its VM is then
+// stopped), or when its template is no longer valid or its VM dies. It
+// fails with ErrSpareRunning if another spare of the shape is there.
+func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOptions) error {
+	lockPath, sockPath := SparePaths(o.Config.Runtime.StateDir, so.Key)
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o700); err != nil {
+		return fmt.Errorf("spares: %w", err)
+	}
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("spare lock: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		return ErrSpareRunning
+	} else if err != nil {
+		return fmt.Errorf("spare lock: %w", err)
+	}
+	// Removed while held: a spare process that opened the file before
+	// then takes a lock nobody looks at, and finds its socket path
+	// taken (below).
+	defer os.Remove(lockPath)
+	shape, err := ShapeOf(o)
+	if err != nil {
+		return err
+	}
+	if shape.Key() != so.Key {
+		return fmt.Errorf("the spare asked for has key %s, this configuration's is %s: the configuration changed: %w", so.Key, shape.Key(), errdefs.ErrFailedPrecondition)
+	}
+	t, err := store.Lookup(shape)
+	if err != nil {
+		return fmt.Errorf("the template of the spare: %w", err)
+	}
+	// Bound while the lock is held: a socket there is a dead spare's.
+	_ = os.Remove(sockPath)
+	ln, err := channel.ListenUnix("unixpacket", sockPath)
+	if err != nil {
+		return fmt.Errorf("spare claim socket: %w", err)
+	}
+	sockID, err := os.Stat(sockPath)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("spare claim socket: %w", err)
+	}
+	// ours says whether the socket path is still this spare's: another
+	// spare of the key that bound it in its place makes this one
+	// unreachable.
+	ours := func() bool {
+		fi, err := os.Stat(sockPath)
+		return err == nil && os.SameFile(fi, sockID)
+	}
+	defer func() {
+		ln.Close()
+		if ours() {
+			_ = os.Remove(sockPath)
+		}
+	}()
+
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	o.Namespace, o.ID = SpareNamespace, "spare-"+so.Key+"-"+hex.EncodeToString(id[:])
+	o.Template, o.unwatched = t, true
+	lg := log.G(ctx).WithField("key", so.Key).WithField("sandbox", o.ID)
+	began := time.Now()
+	sb, err := Start(ctx, o)
+	if err != nil {
+		return fmt.Errorf("start the spare: %w", err)
+	}
+	parked, err := sb.park(ctx)
+	if err != nil {
+		_ = sb.Stop(context.WithoutCancel(ctx))
+		return err
+	}
+	stop := func(why string) {
+		lg.WithField("reason", why).Info("stopping the spare")
+		if parked != nil {
+			parked.Close()
+		}
+		if err := sb.Stop(context.WithoutCancel(ctx)); err != nil {
+			lg.WithError(err).Warn("stop the spare")
+		}
+	}
+	lg.WithField("ready_ms", sb.ReadyIn.Milliseconds()).WithField("made_ms", time.Since(began).Milliseconds()).Info("spare ready")
+	if so.Ready != nil {
+		so.Ready(sb.Dir)
+	}
+
+	conns := make(chan *net.UnixConn)
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				close(conns)
+				return
+			}
+			select {
+			case conns <- c:
+			case <-ctx.Done():
+				c.Close()
+			}
+		}
+	}()
+	tick := time.NewTicker(spareCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stop("asked to end")
+			return nil
+		case <-sb.vm.Exited():
+			err := sb.vmEndCause()
+			stop("its vm ended")
+			return fmt.Errorf("the spare's vm ended: %w", err)
+		case <-tick.C:
+			if !ours() {
+				stop("its claim socket is another spare's")
+				return nil
+			}
+			cur, err := store.Lookup(shape)
+			if err == nil && cur.Manifest.Created.Equal(t.Manifest.Created) {
+				continue
+			}
+			if err == nil {
+				err = errors.New("it was made again")
+			}
+			stop("its template is no longer the one it was made from: " + err.Error())
+			return nil
+		case c, ok := <-conns:
+			if !ok {
+				stop("its claim socket closed")
+				return errors.New("the spare's claim socket closed")
+			}
+			done, err := sb.serveSpare(ctx, c, so.Key, parked, stop)
+			c.Close()
+			if err != nil {
+				lg.WithError(err).Warn("a spare claim failed")
+			}
+			if done {
+				return err
+			}
+		}
+	}
+}
+
+// park ends the agent session of a spare's guest and leaves its agent
+// waiting in its handshake, as a template's is saved, and pauses the VM.
+// On virtio-serial the port is connected again at once (a host that is
+// gone reads as EOF, which the agent would wait out in backoff) and the
+// connection, parked after the guest's WELCOME, is returned: the claim
+// hands it over. On vsock the agent goes back to accepting connections.
+func (s *Sandbox) park(ctx context.Context) (net.Conn, error) {
+	s.agent.Close()
+	var raw net.Conn
+	if s.Channel == channel.Serial {
+		var err error
+		if raw, err = s.vm.AgentEndpoint().Dial(ctx); err != nil {
+			return nil, fmt.Errorf("reconnect the spare's agent channel: %w", err)
+		}
+		if err := api.HostPark(ctx, raw); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("park the spare's agent: %w", err)
+		}
+	}
+	snap, ok := s.vm.(hypervisor.Snapshotter)
+	if !ok {
+		return raw, fmt.Errorf("spares: the hypervisor driver cannot pause a VM: %w", errdefs.ErrNotImplemented)
+	}
+	if err := snap.Pause(ctx); err != nil {
+		if raw != nil {
+			raw.Close()
+		}
+		return nil, fmt.Errorf("pause the spare: %w", err)
+	}
+	return raw, nil
+}
+
+// serveSpare answers one request on the claim socket. done says the
+// spare is over: claimed (its VM handed over) or stopped.
+func (s *Sandbox) serveSpare(ctx context.Context, c *net.UnixConn, key string, parked net.Conn, stop func(string)) (done bool, _ error) {
+	_ = c.SetDeadline(time.Now().Add(spareIOTimeout))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		return false, fmt.Errorf("read a claim: %w", err)
+	}
+	var req spareRequest
+	if err := json.Unmarshal(buf[:n], &req); err != nil {
+		return false, fmt.Errorf("a claim that is not json: %w", err)
+	}
+	reply := func(r spareReply, files []*os.File) error {
+		data, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		var oob []byte
+		if len(files) > 0 {
+			fds := make([]int, len(files))
+			for i, f := range files {
+				fds[i] = int(f.Fd())
+			}
+			oob = unix.UnixRights(fds...)
+		}
+		_, _, err = c.WriteMsgUnix(data, oob, nil)
+		return err
+	}
+	switch {
+	case req.Key != key:
+		return false, reply(spareReply{Error: fmt.Sprintf("this spare is of template %s, not %s", key, req.Key)}, nil)
+	case req.Op == spareStop:
+		stop("asked to stop")
+		return true, reply(spareReply{}, nil)
+	case req.Op != spareClaim:
+		return false, reply(spareReply{Error: fmt.Sprintf("unknown operation %q", req.Op)}, nil)
+	}
+	d, ok := s.vm.(hypervisor.Detacher)
+	if !ok {
+		stop("its driver cannot hand a VM over")
+		return true, reply(spareReply{Error: "the hypervisor driver cannot hand a VM over"}, nil)
+	}
+	h, files, err := d.Detach()
+	if err != nil {
+		stop("it could not be handed over")
+		return true, errors.Join(err, reply(spareReply{Error: err.Error()}, nil))
+	}
+	r := spareReply{Handoff: &h}
+	if parked != nil {
+		pf, err := parked.(*net.UnixConn).File()
+		if err != nil {
+			closeFiles(files)
+			stop("its agent connection could not be handed over")
+			return true, err
+		}
+		files = append(files, pf)
+		r.AgentConn = true
+	}
+	err = reply(r, files)
+	closeFiles(files)
+	if parked != nil {
+		parked.Close()
+	}
+	if err != nil {
+		// The claimer went away: nobody has the VM. It is ended by its
+		// state directory, which has its pid and name.
+		if cerr := s.vm.Stop(context.WithoutCancel(ctx)); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		_ = os.RemoveAll(s.Dir)
+		return true, fmt.Errorf("hand the spare over: %w", err)
+	}
+	log.G(ctx).WithField("sandbox", s.ID).WithField("pid", h.PID).Info("spare claimed")
+	return true, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// claimedSpare is a spare's VM taken over by a sandbox's start.
+type claimedSpare struct {
+	handoff hypervisor.Handoff
+	files   []*os.File
+	// agent is the parked agent connection (virtio-serial), or nil.
+	agent net.Conn
+}
+
+// close releases what the claim holds that the start did not take.
+func (c *claimedSpare) close() {
+	closeFiles(c.files)
+	if c.agent != nil {
+		c.agent.Close()
+	}
+}
+
+// claimSpare takes the spare of key under stateDir if one waits; nil if
+// none does (no socket, or nobody serving it).
+func claimSpare(ctx context.Context, stateDir, key string) (*claimedSpare, error) {
+	_, sockPath := SparePaths(stateDir, key)
+	c, err := dialSpare(ctx, sockPath)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reach the spare of %s: %w", key, err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(spareIOTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = c.SetDeadline(deadline)
+	req, _ := json.Marshal(spareRequest{Op: spareClaim, Key: key})
+	if _, err := c.Write(req); err != nil {
+		return nil, fmt.Errorf("claim the spare of %s: %w", key, err)
+	}
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(8*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, fmt.Errorf("claim the spare of %s: %w", key, err)
+	}
+	var files []*os.File
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, fmt.Errorf("the spare of %s: %w", key, err)
+		}
+		for _, m := range msgs {
+			fds, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				continue
+			}
+			for _, fd := range fds {
+				files = append(files, os.NewFile(uintptr(fd), "spare"))
+			}
+		}
+	}
+	var r spareReply
+	if err := json.Unmarshal(buf[:n], &r); err != nil || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		closeFiles(files)
+		return nil, fmt.Errorf("the spare of %s answered what cannot be read (%d bytes, flags %#x): %v", key, n, flags, err)
+	}
+	if r.Error != "" || r.Handoff == nil {
+		closeFiles(files)
+		return nil, fmt.Errorf("the spare of %s refused the claim: %s", key, r.Error)
+	}
+	cs := &claimedSpare{handoff: *r.Handoff, files: files}
+	if r.AgentConn {
+		if len(files) == 0 {
+			return nil, fmt.Errorf("the spare of %s sent no agent connection", key)
+		}
+		last := files[len(files)-1]
+		cs.files = files[:len(files)-1]
+		conn, err := net.FileConn(last)
+		last.Close()
+		if err != nil {
+			cs.close()
+			return nil, fmt.Errorf("the spare's agent connection: %w", err)
+		}
+		cs.agent = conn
+	}
+	// The VM is ours from here: its state directory must be a spare's.
+	want := filepath.Join(stateDir, SpareNamespace) + string(filepath.Separator)
+	if d := cs.handoff.StateDir; !strings.HasPrefix(d, want) || strings.Contains(strings.TrimPrefix(d, want), string(filepath.Separator)) {
+		cs.close()
+		return nil, fmt.Errorf("the spare of %s is in %q, not in %s", key, cs.handoff.StateDir, want)
+	}
+	return cs, nil
+}
+
+// StopSpare asks the spare of key under stateDir to stop, if one runs,
+// and waits for it to have stopped its VM. It says whether one did.
+func StopSpare(ctx context.Context, stateDir, key string) (bool, error) {
+	_, sockPath := SparePaths(stateDir, key)
+	c, err := dialSpare(ctx, sockPath)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reach the spare of %s: %w", key, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * spareIOTimeout))
+	req, _ := json.Marshal(spareRequest{Op: spareStop, Key: key})
+	if _, err := c.Write(req); err != nil {
+		return false, fmt.Errorf("stop the spare of %s: %w", key, err)
+	}
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		return false, fmt.Errorf("stop the spare of %s: %w", key, err)
+	}
+	var r spareReply
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		return false, fmt.Errorf("the spare of %s answered what cannot be read: %w", key, err)
+	}
+	if r.Error != "" {
+		return false, fmt.Errorf("the spare of %s: %s", key, r.Error)
+	}
+	return true, nil
+}
+
+// takeSpareDir moves the claimed spare's state directory to dir, the
+// sandbox's, where its QEMU runs on. It fails with os.ErrExist if dir is
+// there. On any failure the spare's VM is ended.
+func takeSpareDir(ctx context.Context, d hypervisor.Driver, c *claimedSpare, dir string) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+			break
+		}
+		if _, serr := os.Lstat(dir); serr == nil {
+			err = os.ErrExist
+			break
+		}
+		// The namespace directory goes with its last sandbox, maybe
+		// between the two calls: then it is made again.
+		if err = os.Rename(c.handoff.StateDir, dir); !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+	}
+	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+		err = os.ErrExist
+	}
+	if err != nil {
+		endSpare(ctx, d, c)
+	}
+	return err
+}
+
+// adoptSpare takes the claimed spare's VM over, its state directory now
+// dir.
+func adoptSpare(ctx context.Context, d hypervisor.Driver, c *claimedSpare, dir string) (hypervisor.VM, error) {
+	files := c.files
+	c.files = nil
+	a, ok := d.(hypervisor.Adopter)
+	if !ok {
+		closeFiles(files)
+		return nil, fmt.Errorf("the %s driver cannot take a spare VM over: %w", d.Name(), errdefs.ErrNotImplemented)
+	}
+	return a.Adopt(ctx, c.handoff, files, dir)
+}
+
+// endSpare ends a claimed spare's VM that no sandbox takes, in its own
+// state directory, and removes that.
+func endSpare(ctx context.Context, d hypervisor.Driver, c *claimedSpare) {
+	ctx = context.WithoutCancel(ctx)
+	if vm, err := adoptSpare(ctx, d, c, c.handoff.StateDir); err == nil {
+		if err := vm.Stop(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("stop a spare vm that no sandbox took")
+		}
+	}
+	if err := os.RemoveAll(c.handoff.StateDir); err != nil {
+		log.G(ctx).WithError(err).Warn("remove a spare's state")
+	}
+}
+
+// SpareHeld says whether a spare process holds key's spare lock under
+// stateDir: a spare of key is being made, waits or is being claimed.
+func SpareHeld(stateDir, key string) bool {
+	lockPath, _ := SparePaths(stateDir, key)
+	f, err := os.Open(lockPath)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK)
+	}
+	return false
+}
+
+// SpareKeyOf is the template key of a spare's sandbox id, "" if id is not
+// a spare's.
+func SpareKeyOf(id string) string {
+	rest, ok := strings.CutPrefix(id, "spare-")
+	if !ok {
+		return ""
+	}
+	key, _, ok := strings.Cut(rest, "-")
+	if !ok || template.ValidKey(key) != nil {
+		return ""
+	}
+	return key
+}
+
+// dialSpare connects to a spare's claim socket.
+func dialSpare(ctx context.Context, path string) (*net.UnixConn, error) {
+	c, err := channel.DialUnixNetwork(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
