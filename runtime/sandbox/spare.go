@@ -123,31 +123,6 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 	if err != nil {
 		return fmt.Errorf("the template of the spare: %w", err)
 	}
-	// Bound while the lock is held: a socket there is a dead spare's.
-	_ = os.Remove(sockPath)
-	ln, err := channel.ListenUnix("unixpacket", sockPath)
-	if err != nil {
-		return fmt.Errorf("spare claim socket: %w", err)
-	}
-	sockID, err := os.Stat(sockPath)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("spare claim socket: %w", err)
-	}
-	// ours says whether the socket path is still this spare's: another
-	// spare of the key that bound it in its place makes this one
-	// unreachable.
-	ours := func() bool {
-		fi, err := os.Stat(sockPath)
-		return err == nil && os.SameFile(fi, sockID)
-	}
-	defer func() {
-		ln.Close()
-		if ours() {
-			_ = os.Remove(sockPath)
-		}
-	}()
-
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	o.Namespace, o.ID = SpareNamespace, "spare-"+so.Key+"-"+hex.EncodeToString(id[:])
@@ -172,6 +147,35 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 			lg.WithError(err).Warn("stop the spare")
 		}
 	}
+	// Bound once the spare is ready, so that a start never waits for a
+	// spare being made: it finds no socket and starts a clone. Bound while
+	// the lock is held: a socket there is a dead spare's.
+	_ = os.Remove(sockPath)
+	ln, err := channel.ListenUnix("unixpacket", sockPath)
+	if err != nil {
+		stop("its claim socket cannot be made")
+		return fmt.Errorf("spare claim socket: %w", err)
+	}
+	sockID, err := os.Stat(sockPath)
+	if err != nil {
+		ln.Close()
+		stop("its claim socket cannot be made")
+		return fmt.Errorf("spare claim socket: %w", err)
+	}
+	// ours says whether the socket path is still this spare's: another
+	// spare of the key that bound it in its place makes this one
+	// unreachable.
+	ours := func() bool {
+		fi, err := os.Stat(sockPath)
+		return err == nil && os.SameFile(fi, sockID)
+	}
+	defer func() {
+		ln.Close()
+		if ours() {
+			_ = os.Remove(sockPath)
+		}
+	}()
+
 	lg.WithField("ready_ms", sb.ReadyIn.Milliseconds()).WithField("made_ms", time.Since(began).Milliseconds()).Info("spare ready")
 	if so.Ready != nil {
 		so.Ready(sb.Dir)
