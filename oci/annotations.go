@@ -32,6 +32,9 @@ const (
 	// AnnotationTemplate sets the template mode of the sandbox: auto,
 	// never or required.
 	AnnotationTemplate = AnnotationPrefix + "template"
+	// AnnotationTemplateSpare ("true"/"false") says whether the sandbox
+	// takes its template's spare over and leaves a new one.
+	AnnotationTemplateSpare = AnnotationPrefix + "template.spare"
 	// AnnotationExecUser is the container's exec user,
 	// name:uid:gid[:home[:shell]]; empty turns it off.
 	AnnotationExecUser = AnnotationPrefix + "exec-user"
@@ -129,6 +132,11 @@ func ApplyAnnotations(cfg config.Config, annotations map[string]string) (config.
 				cfg.Template.Mode = m
 			default:
 				err = fmt.Errorf("want auto, never or required")
+			}
+		case AnnotationTemplateSpare:
+			cfg.Template.Spare, err = strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				err = fmt.Errorf("want true or false")
 			}
 		case AnnotationExecUser, AnnotationExecUserSudo, AnnotationExecUserRequired:
 			err = applyExecUser(&cfg.ExecUser, k, v)

@@ -117,3 +117,25 @@ func TestExecUserAnnotations(t *testing.T) {
 		t.Errorf("ApplyAnnotations: %+v, %v", cfg.ExecUser, err)
 	}
 }
+
+func TestTemplateSpareAnnotation(t *testing.T) {
+	if !config.Default().Template.Spare {
+		t.Fatal("template.spare is off by default")
+	}
+	for _, tc := range []struct {
+		v     string
+		want  bool
+		isErr bool
+	}{{v: "false"}, {v: " true ", want: true}, {v: "0"}, {v: "sometimes", isErr: true}} {
+		got, err := ApplyAnnotations(config.Default(), map[string]string{AnnotationTemplateSpare: tc.v})
+		if tc.isErr {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), AnnotationTemplateSpare) {
+				t.Errorf("%q: err = %v, want an invalid argument naming the annotation", tc.v, err)
+			}
+			continue
+		}
+		if err != nil || got.Template.Spare != tc.want {
+			t.Errorf("%q: spare %v, err %v; want %v", tc.v, got.Template.Spare, err, tc.want)
+		}
+	}
+}

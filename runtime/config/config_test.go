@@ -76,6 +76,7 @@ func TestLoadErrors(t *testing.T) {
 		{"bad duration", write("c.toml", "[runtime]\nstart_timeout = \"soon\"\n"), nil, "c.toml"},
 		{"explicit missing file", filepath.Join(dir, "none.toml"), nil, "none.toml"},
 		{"bad env number", "", map[string]string{"COCOON_VCPUS": "many"}, "COCOON_VCPUS"},
+		{"bad env bool", "", map[string]string{"COCOON_TEMPLATE_SPARE": "maybe"}, "COCOON_TEMPLATE_SPARE"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -200,5 +201,20 @@ func TestValidateExecUser(t *testing.T) {
 	}
 	if got.ExecUser.User != "dev:4242:4242" || !got.ExecUser.Sudo || got.ExecUser.Timeout.Duration != 2*time.Second {
 		t.Errorf("loaded %+v", got.ExecUser)
+	}
+}
+
+func TestTemplateSpareSetting(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(p, []byte("[template]\nspare = false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p, env(map[string]string{}))
+	if err != nil || c.Template.Spare {
+		t.Fatalf("spare = false in the file: spare %v, %v", c.Template.Spare, err)
+	}
+	c, err = Load(p, env(map[string]string{"COCOON_TEMPLATE_SPARE": "true"}))
+	if err != nil || !c.Template.Spare {
+		t.Fatalf("COCOON_TEMPLATE_SPARE=true over the file: spare %v, %v", c.Template.Spare, err)
 	}
 }
