@@ -19,6 +19,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/agent"
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
+	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
 // tmplMemSandboxes is how many running sandboxes of each kind the
@@ -29,31 +30,53 @@ const tmplMemSandboxes = 10
 // is read.
 const tmplSettle = 3 * time.Second
 
-// tmplFigures are the template figures: [0] booted, [1] from the template
-// (and [2] runc where there is one).
+// The kinds of start the template figures compare.
+const (
+	// kBooted boots.
+	kBooted = iota
+	// kClone starts from the template in a QEMU launched for it.
+	kClone
+	// kSpare starts from the template by taking its spare over.
+	kSpare
+	// kRunc is runc, in the containerd figures only.
+	kRunc
+	nVMKinds = kSpare + 1
+)
+
+// tmplFigures are the template figures, indexed by kind.
 type tmplFigures struct {
-	// ready is the sandbox's ReadyIn (launch to agent ready) and call the
-	// whole start call (lookup and verification of the template, image
-	// verification, state directory, launch, ready), in ms, through the
-	// runtime API; the two kinds alternate.
-	ready, call [2][]float64
+	// ready is the sandbox's ReadyIn (launch, or a spare's claim, to
+	// agent ready) and call the whole start call (lookup and
+	// verification of the template, image verification, state
+	// directory, launch or claim, ready), in ms, through the runtime
+	// API; the kinds alternate.
+	ready, call [nVMKinds][]float64
 	// create is CreateTemplate's wall time, ms.
 	create float64
-	// ctrStart is `ctr run --rm <image> true` in ms, the three
+	// ctrStart is `ctr run --rm <image> true` in ms, the kinds
 	// alternating.
-	ctrStart [3][]float64
+	ctrStart [kRunc + 1][]float64
 	// launches are the shim's accounts of those starts (its
 	// "sandbox booted" and "sandbox started from template" lines).
-	launches [2][]launch
+	launches [nVMKinds][]launch
 	// timings are the shim's accounts of those starts.
-	timings [2][]startTiming
-	// mem are the running sandboxes' memory figures.
+	timings [nVMKinds][]startTiming
+	// mem are the running sandboxes' memory figures: booted, clones.
 	mem            [2]tmplMem
 	accel, channel string
 }
 
-// The template modes the containerd figures ask for per container.
-var tmplModes = [2]string{config.TemplateNever, config.TemplateRequired}
+// tmplKinds are the containerd figures' kinds: the id prefix, the
+// runtime and the annotations that choose the kind.
+var tmplKinds = [kRunc + 1]struct {
+	prefix, rt  string
+	annotations []string
+}{
+	kBooted: {"tcold", runtimeCocoon, []string{oci.AnnotationTemplate + "=" + config.TemplateNever}},
+	kClone:  {"tclone", runtimeCocoon, []string{oci.AnnotationTemplate + "=" + config.TemplateRequired, oci.AnnotationTemplateSpare + "=false"}},
+	kSpare:  {"tspare", runtimeCocoon, []string{oci.AnnotationTemplate + "=" + config.TemplateRequired, oci.AnnotationTemplateSpare + "=true"}},
+	kRunc:   {"trunc", runtimeRunc, nil},
+}
 
 // benchTemplate measures sandboxes started from a template next to cold
 // boots, all in data and state directories of its own: it makes the
@@ -92,7 +115,12 @@ func benchTemplate(ctx context.Context, env *admin.Env, n, ctrN int) (f tmplFigu
 		return f, fmt.Errorf("create the template: %w", err)
 	}
 	f.create = ms(time.Since(began))
-	if err := f.startFigures(ctx, &e, n); err != nil {
+	shape, err := e.CurrentShape()
+	if err != nil {
+		return f, err
+	}
+	key := shape.Key()
+	if err := f.startFigures(ctx, &e, key, n); err != nil {
 		return f, err
 	}
 	// The shims' default is a boot (and no template made in the
@@ -106,28 +134,68 @@ func benchTemplate(ctx context.Context, env *admin.Env, n, ctrN int) (f tmplFigu
 		return f, err
 	}
 	defer b.close()
-	if err := b.tmplStartFigures(ctx, &f, ctrN); err != nil {
+	defer stopSpare(e.Config.Runtime.StateDir, key)
+	if err := b.tmplStartFigures(ctx, &f, e.Config.Runtime.StateDir, key, ctrN); err != nil {
+		// The spares' own account.
+		spares, _ := os.ReadFile(filepath.Join(e.Templates().Dir(), template.LogName))
+		return f, fmt.Errorf("%w\nthe spares' log:\n%s", err, spares)
+	}
+	if err := stopSpare(e.Config.Runtime.StateDir, key); err != nil {
 		return f, err
 	}
-	for k, mode := range tmplModes {
-		if f.mem[k], err = b.tmplMemory(ctx, mode, e.Config.Hypervisor.MemoryMiB); err != nil {
+	for k, kind := range []int{kBooted, kClone} {
+		if f.mem[k], err = b.tmplMemory(ctx, tmplKinds[kind].annotations, e.Config.Hypervisor.MemoryMiB); err != nil {
 			return f, err
 		}
 	}
 	return f, nil
 }
 
-// startFigures starts n sandboxes of each kind through the runtime API,
-// alternating, the kind that goes first swapping each round so that a
-// drift of the host's speed weighs on both alike.
-func (f *tmplFigures) startFigures(ctx context.Context, e *admin.Env, n int) error {
-	for i := 0; i < n; i++ {
-		order := []int{0, 1}
-		if i%2 == 1 {
-			order = []int{1, 0}
+// stopSpare stops the spare of key under stateDir, if one waits or is
+// being made.
+func stopSpare(stateDir, key string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := awaitSpare(ctx, stateDir, key); err != nil {
+		return err
+	}
+	_, err := sandbox.StopSpare(ctx, stateDir, key)
+	return err
+}
+
+// awaitSpare waits until no spare of key is being made: one waits for a
+// claim, or none is there. It reports whether one waits.
+func awaitSpare(ctx context.Context, stateDir, key string) error {
+	_, sock := sandbox.SparePaths(stateDir, key)
+	for {
+		_, err := os.Stat(sock)
+		if err == nil || !sandbox.SpareHeld(stateDir, key) {
+			return nil
 		}
-		for _, k := range order {
-			ready, call, err := f.startOnce(ctx, e, k == 1)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the spare of %s: %w", key, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// spareWaits says whether the spare of key waits for a claim.
+func spareWaits(stateDir, key string) bool {
+	_, sock := sandbox.SparePaths(stateDir, key)
+	_, err := os.Stat(sock)
+	return err == nil && sandbox.SpareHeld(stateDir, key)
+}
+
+// startFigures starts n sandboxes of each kind through the runtime API,
+// alternating, the kind that goes first rotating each round so that a
+// drift of the host's speed weighs on all alike. The spare of a spare's
+// start is made in this process, and waits before the start is timed.
+func (f *tmplFigures) startFigures(ctx context.Context, e *admin.Env, key string, n int) error {
+	for i := 0; i < n; i++ {
+		for j := range nVMKinds {
+			k := (i + j) % nVMKinds
+			ready, call, err := f.startOnce(ctx, e, key, k)
 			if err != nil {
 				return err
 			}
@@ -138,21 +206,37 @@ func (f *tmplFigures) startFigures(ctx context.Context, e *admin.Env, n int) err
 	return nil
 }
 
-// startOnce starts one sandbox, booted or from the template, runs `true`
-// in it (a clone must work, not only answer) and stops it.
-func (f *tmplFigures) startOnce(ctx context.Context, e *admin.Env, clone bool) (ready, call float64, retErr error) {
+// startOnce starts one sandbox of kind k, runs `true` in it (a clone must
+// work, not only answer) and stops it.
+func (f *tmplFigures) startOnce(ctx context.Context, e *admin.Env, key string, k int) (ready, call float64, retErr error) {
+	var claimed chan error
+	if k == kSpare {
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		claimed = make(chan error, 1)
+		go func() { claimed <- e.RunSpare(sctx, io.Discard, admin.TemplateOptions{Key: key}) }()
+		for !spareWaits(e.Config.Runtime.StateDir, key) {
+			select {
+			case err := <-claimed:
+				return 0, 0, fmt.Errorf("make a spare: %v", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
 	began := time.Now()
 	var sb *sandbox.Sandbox
 	var err error
-	if clone {
+	if k == kBooted {
+		sb, err = e.StartSandbox(ctx, "bench-cold")
+	} else {
+		env := *e
+		env.Config.Template.Spare = k == kSpare
 		var use sandbox.TemplateUse
-		sb, use, err = e.StartSandboxWithTemplate(ctx, "bench-clone")
-		if err == nil && !use.Used {
-			err = fmt.Errorf("the sandbox booted: %s", use.Why)
+		sb, use, err = env.StartSandboxWithTemplate(ctx, "bench-clone")
+		if err == nil && (!use.Used || use.Spare != (k == kSpare)) {
+			err = fmt.Errorf("the sandbox did not start as asked (spare %v): from the template %v, its spare %v (%s)", k == kSpare, use.Used, use.Spare, use.Why)
 			_ = sb.Stop(context.WithoutCancel(ctx))
 		}
-	} else {
-		sb, err = e.StartSandbox(ctx, "bench-cold")
 	}
 	if err != nil {
 		return 0, 0, err
@@ -164,65 +248,89 @@ func (f *tmplFigures) startOnce(ctx context.Context, e *admin.Env, clone bool) (
 			retErr = err
 		}
 	}()
+	if claimed != nil {
+		if err := <-claimed; err != nil {
+			return 0, 0, fmt.Errorf("the spare: %w", err)
+		}
+	}
 	p, err := sb.Agent().Start(ctx, agent.ProcessSpec{ID: "true", Args: []string{"/bin/true"}, Stdout: io.Discard})
 	if err == nil {
 		_, err = p.Wait(ctx)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("run true (template %v): %w", clone, err)
+		return 0, 0, fmt.Errorf("run true (kind %d): %w", k, err)
 	}
 	return ms(sb.ReadyIn), call, nil
 }
 
-// tmplStartFigures times ctrN runs of `ctr run --rm <image> true` booted,
-// from the template and with runc, in turn (the order rotating each
-// round), after one run of each that is not counted: the first of a
-// kind fills the layer cache of this data directory or verifies the
-// template's files.
-func (b *ctrdBench) tmplStartFigures(ctx context.Context, f *tmplFigures, ctrN int) error {
-	kinds := [3]struct{ prefix, rt, mode string }{
-		{"tcold", runtimeCocoon, tmplModes[0]},
-		{"tclone", runtimeCocoon, tmplModes[1]},
-		{"trunc", runtimeRunc, ""},
-	}
+// tmplStartFigures times ctrN runs of `ctr run --rm <image> true` of
+// each kind in turn (the order rotating each round), after one run of
+// each that is not counted: the first of a kind fills the layer cache of
+// this data directory or verifies the template's files. A start from a
+// template with spares on leaves a spare behind, made in the background;
+// each timed run waits for it to be made, so that no run shares the host
+// with it, and a start from a spare finds one waiting.
+func (b *ctrdBench) tmplStartFigures(ctx context.Context, f *tmplFigures, stateDir, key string, ctrN int) error {
 	run := func(k int, prefix string) (float64, error) {
-		args := []string{"run", "--rm", "--runtime", kinds[k].rt}
-		if kinds[k].mode != "" {
-			args = append(args, "--annotation", oci.AnnotationTemplate+"="+kinds[k].mode)
+		args := []string{"run", "--rm", "--runtime", tmplKinds[k].rt}
+		for _, a := range tmplKinds[k].annotations {
+			args = append(args, "--annotation", a)
 		}
 		id := b.newID(prefix)
-		start := time.Now()
-		if err := b.ctr(ctx, io.Discard, append(args, b.image, id, "true")...); err != nil {
+		if err := awaitSpare(ctx, stateDir, key); err != nil {
 			return 0, err
 		}
-		delete(b.live, id) // --rm removed it
-		return ms(time.Since(start)), nil
+		if k == kSpare && !spareWaits(stateDir, key) {
+			// None yet: a start of the kind, not counted, leaves one.
+			if _, err := b.ctrRun(ctx, args, b.newID("tprime")); err != nil {
+				return 0, err
+			}
+			if err := awaitSpare(ctx, stateDir, key); err != nil {
+				return 0, err
+			}
+		}
+		d, err := b.ctrRun(ctx, args, id)
+		if err != nil {
+			return 0, err
+		}
+		return d, nil
 	}
-	for k := range kinds {
+	for k := range tmplKinds {
 		if _, err := run(k, "warm"); err != nil {
 			return err
 		}
 	}
 	for i := 0; i < ctrN; i++ {
-		for j := range kinds {
-			k := (i + j) % len(kinds)
-			d, err := run(k, kinds[k].prefix)
+		for j := range tmplKinds {
+			k := (i + j) % len(tmplKinds)
+			d, err := run(k, tmplKinds[k].prefix)
 			if err != nil {
 				return err
 			}
 			f.ctrStart[k] = append(f.ctrStart[k], d)
 		}
 	}
-	for k := 0; k < 2; k++ {
+	for k := range nVMKinds {
 		var err error
-		if f.launches[k], err = b.launches(kinds[k].prefix+"-", k == 1, ctrN); err != nil {
+		if f.launches[k], err = b.launches(tmplKinds[k].prefix+"-", k, ctrN); err != nil {
 			return err
 		}
-		if f.timings[k], err = b.timings(kinds[k].prefix+"-", ctrN); err != nil {
+		if f.timings[k], err = b.timings(tmplKinds[k].prefix+"-", ctrN); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// ctrRun runs `ctr <args> <image> <id> true` (args a `run --rm` and its
+// options) and returns its time in ms.
+func (b *ctrdBench) ctrRun(ctx context.Context, args []string, id string) (float64, error) {
+	start := time.Now()
+	if err := b.ctr(ctx, io.Discard, append(args, b.image, id, "true")...); err != nil {
+		return 0, err
+	}
+	delete(b.live, id) // --rm removed it
+	return ms(time.Since(start)), nil
 }
 
 // launchLine matches the shim's line of a sandbox's start, connLine its
@@ -241,8 +349,8 @@ type launch struct{ ready, dial, handshake, sync float64 }
 
 // launches reads the shim's account of the starts of the sandboxes whose
 // ids start with prefix from containerd's log, and checks that each
-// started from a template if clone, and booted if not.
-func (b *ctrdBench) launches(prefix string, clone bool, want int) ([]launch, error) {
+// started as kind k says.
+func (b *ctrdBench) launches(prefix string, k, want int) ([]launch, error) {
 	return waitLog(b, "sandbox start lines for "+prefix+"*", want, func(lines []string) ([]launch, error) {
 		var out []launch
 		conn := map[string]map[string]string{}
@@ -261,8 +369,14 @@ func (b *ctrdBench) launches(prefix string, clone bool, want int) ([]launch, err
 			if !strings.HasPrefix(id, prefix) {
 				continue
 			}
-			if fromTemplate := m[1] != "booted"; fromTemplate != clone {
-				return nil, fmt.Errorf("sandbox %s: the shim says %q (key %s)", id, "sandbox "+m[1], f["key"])
+			if fromTemplate := m[1] != "booted"; fromTemplate != (k != kBooted) || fromTemplate && (f["spare"] == "true") != (k == kSpare) {
+				var why []string
+				for _, l := range lines {
+					if strings.Contains(l, "sandbox="+id) && strings.Contains(l, "spare") {
+						why = append(why, l)
+					}
+				}
+				return nil, fmt.Errorf("sandbox %s: the shim says %q (key %s, spare %s)\n%s", id, "sandbox "+m[1], f["key"], f["spare"], strings.Join(why, "\n"))
 			}
 			c, ok := conn[id]
 			if !ok {
@@ -300,10 +414,10 @@ func logFields(rest string) map[string]string {
 // mapping (ram).
 type tmplMem struct{ pss, qemu, ram []float64 }
 
-// tmplMemory runs tmplMemSandboxes containers running `sleep` in template
-// mode mode, lets them idle, reads the PSS of each one's shim and QEMU
+// tmplMemory runs tmplMemSandboxes containers running `sleep` with
+// annotations, lets them idle, reads the PSS of each one's shim and QEMU
 // (of guestMiB of guest RAM), and removes them.
-func (b *ctrdBench) tmplMemory(ctx context.Context, mode string, guestMiB int) (m tmplMem, retErr error) {
+func (b *ctrdBench) tmplMemory(ctx context.Context, annotations []string, guestMiB int) (m tmplMem, retErr error) {
 	var ids []string
 	defer func() {
 		for _, id := range ids {
@@ -313,8 +427,11 @@ func (b *ctrdBench) tmplMemory(ctx context.Context, mode string, guestMiB int) (
 	for i := 0; i < tmplMemSandboxes; i++ {
 		id := b.newID("tmem")
 		ids = append(ids, id)
-		if err := b.ctr(ctx, io.Discard, "run", "-d", "--runtime", runtimeCocoon,
-			"--annotation", oci.AnnotationTemplate+"="+mode, b.image, id, "sleep", "3600"); err != nil {
+		args := []string{"run", "-d", "--runtime", runtimeCocoon}
+		for _, a := range annotations {
+			args = append(args, "--annotation", a)
+		}
+		if err := b.ctr(ctx, io.Discard, append(args, b.image, id, "sleep", "3600")...); err != nil {
 			return m, err
 		}
 	}
@@ -368,8 +485,8 @@ func templateResults(f tmplFigures) []Result {
 		return Result{Name: name, Unit: unit, Median: median(s), Samples: s, Target: target}
 	}
 	withRunc := func(r Result) Result {
-		m := median(f.ctrStart[2])
-		r.Runc, r.RuncSamples = &m, f.ctrStart[2]
+		m := median(f.ctrStart[kRunc])
+		r.Runc, r.RuncSamples = &m, f.ctrStart[kRunc]
 		return r
 	}
 	ratio := func(a, b []float64) float64 {
@@ -390,26 +507,37 @@ func templateResults(f tmplFigures) []Result {
 		memShare = 100 * sum(f.mem[1].pss) / sum(f.mem[0].pss)
 	}
 	n := tmplMemSandboxes
+	ready := func(k int) []float64 { return column(f.launches[k], func(l launch) float64 { return l.ready }) }
 	return []Result{
 		one("template creation (boot, settle, save)", "ms", f.create, ""),
-		of("sandbox ready from template (launch to agent ready)", "ms", f.ready[1], ""),
-		of("  cold boot to agent ready, alternated with it", "ms", f.ready[0], ""),
-		one("  cold boot / from template", "x", ratio(f.ready[0], f.ready[1]), ">= 10x (TCG)"),
-		of("  whole start call from template (lookup, launch)", "ms", f.call[1], ""),
-		of("  whole start call, cold", "ms", f.call[0], ""),
-		withRunc(of("ctr run --rm true, sandbox from template", "ms", f.ctrStart[1], "")),
-		withRunc(of("ctr run --rm true, sandbox booted (alternated)", "ms", f.ctrStart[0], "")),
-		one("  booted / from template", "x", ratio(f.ctrStart[0], f.ctrStart[1]), ">= 1.5x"),
-		of("  the shim's launch to ready, from template", "ms", column(f.launches[1], func(l launch) float64 { return l.ready }), ""),
-		of("    of which qemu start and state load", "ms", column(f.launches[1], func(l launch) float64 { return l.ready - l.dial - l.handshake - l.sync }), ""),
-		of("    of which agent handshake", "ms", column(f.launches[1], func(l launch) float64 { return l.handshake }), ""),
-		of("    of which first agent call (guest sync)", "ms", column(f.launches[1], func(l launch) float64 { return l.sync }), ""),
-		of("  the shim's launch to ready, booted", "ms", column(f.launches[0], func(l launch) float64 { return l.ready }), ""),
-		of("    of which first agent call (guest sync)", "ms", column(f.launches[0], func(l launch) float64 { return l.sync }), ""),
-		of("  vm start and stop in shim calls, from template", "ms", column(f.timings[1], func(t startTiming) float64 { return t.vm }), ""),
-		of("  vm start and stop in shim calls, booted", "ms", column(f.timings[0], func(t startTiming) float64 { return t.vm }), ""),
-		of("  guest agent calls, from template", "ms", column(f.timings[1], func(t startTiming) float64 { return t.guest }), ""),
-		of("  guest agent calls, booted", "ms", column(f.timings[0], func(t startTiming) float64 { return t.guest }), ""),
+		of("sandbox ready from template, taking its spare over", "ms", f.ready[kSpare], ""),
+		of("  cold boot to agent ready, alternated with it", "ms", f.ready[kBooted], ""),
+		one("  cold boot / from template's spare", "x", ratio(f.ready[kBooted], f.ready[kSpare]), ">= 10x (TCG)"),
+		of("  whole start call from the spare (lookup, claim)", "ms", f.call[kSpare], ""),
+		of("  whole start call, cold", "ms", f.call[kBooted], ""),
+		of("sandbox ready from template, no spare (qemu launched)", "ms", f.ready[kClone], ""),
+		one("  cold boot / from template without a spare", "x", ratio(f.ready[kBooted], f.ready[kClone]), ""),
+		of("  whole start call from template without a spare", "ms", f.call[kClone], ""),
+		withRunc(of("ctr run --rm true, sandbox from template's spare", "ms", f.ctrStart[kSpare], "")),
+		withRunc(of("ctr run --rm true, sandbox from template, no spare", "ms", f.ctrStart[kClone], "")),
+		withRunc(of("ctr run --rm true, sandbox booted (alternated)", "ms", f.ctrStart[kBooted], "")),
+		one("  booted / from template's spare", "x", ratio(f.ctrStart[kBooted], f.ctrStart[kSpare]), ">= 1.5x"),
+		one("  booted / from template without a spare", "x", ratio(f.ctrStart[kBooted], f.ctrStart[kClone]), ""),
+		of("  the shim's launch to ready, from the spare", "ms", ready(kSpare), ""),
+		of("    of which agent handshake", "ms", column(f.launches[kSpare], func(l launch) float64 { return l.handshake }), ""),
+		of("    of which first agent call (guest sync)", "ms", column(f.launches[kSpare], func(l launch) float64 { return l.sync }), ""),
+		of("  the shim's launch to ready, no spare", "ms", ready(kClone), ""),
+		of("    of which qemu start and state load", "ms", column(f.launches[kClone], func(l launch) float64 { return l.ready - l.dial - l.handshake - l.sync }), ""),
+		of("    of which agent handshake", "ms", column(f.launches[kClone], func(l launch) float64 { return l.handshake }), ""),
+		of("    of which first agent call (guest sync)", "ms", column(f.launches[kClone], func(l launch) float64 { return l.sync }), ""),
+		of("  the shim's launch to ready, booted", "ms", ready(kBooted), ""),
+		of("    of which first agent call (guest sync)", "ms", column(f.launches[kBooted], func(l launch) float64 { return l.sync }), ""),
+		of("  vm start and stop in shim calls, from the spare", "ms", column(f.timings[kSpare], func(t startTiming) float64 { return t.vm }), ""),
+		of("  vm start and stop in shim calls, no spare", "ms", column(f.timings[kClone], func(t startTiming) float64 { return t.vm }), ""),
+		of("  vm start and stop in shim calls, booted", "ms", column(f.timings[kBooted], func(t startTiming) float64 { return t.vm }), ""),
+		of("  guest agent calls, from the spare", "ms", column(f.timings[kSpare], func(t startTiming) float64 { return t.guest }), ""),
+		of("  guest agent calls, no spare", "ms", column(f.timings[kClone], func(t startTiming) float64 { return t.guest }), ""),
+		of("  guest agent calls, booted", "ms", column(f.timings[kBooted], func(t startTiming) float64 { return t.guest }), ""),
 		one(fmt.Sprintf("%d sandboxes from one template: qemu + shim pss, sum", n), "MiB", sum(f.mem[1].pss), ""),
 		one(fmt.Sprintf("%d sandboxes booted: qemu + shim pss, sum", n), "MiB", sum(f.mem[0].pss), ""),
 		of("  per sandbox, from template", "MiB", f.mem[1].pss, ""),

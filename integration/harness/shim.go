@@ -20,7 +20,7 @@ var (
 
 // ShimDir returns a directory holding the shim under test: $COCOON_BIN if
 // it has one (make test-integration sets it to bin/), else a fresh build
-// of this tree's cmd/containerd-shim-cocoon-v2, made once per test binary.
+// of this tree's shim and cocoon command, made once per test binary.
 func ShimDir(t testing.TB) string {
 	t.Helper()
 	dir, err := FindShimDir()
@@ -51,10 +51,14 @@ func buildShim() (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, ShimBinary), "./cmd/containerd-shim-cocoon-v2")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", &buildError{err: err, out: string(out)}
+	// The cocoon command too: the shim runs the one next to it to make
+	// templates and spares, which must be of the same tree.
+	for bin, pkg := range map[string]string{ShimBinary: "./cmd/containerd-shim-cocoon-v2", "cocoon": "./cmd/cocoon"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, bin), pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", &buildError{err: err, out: string(out)}
+		}
 	}
 	return dir, nil
 }
