@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,4 +155,45 @@ func runCocoon(t *testing.T, c *harness.Containerd, args ...string) string {
 		t.Errorf("cocoon %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// startSpare makes the spare of key with `cocoon template spare`, as a
+// shim does after a start from the template, and waits for it; the test
+// stops it at its end if it still waits.
+func startSpare(t *testing.T, c *harness.Containerd, stateDir, key string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(testEnv.bin, "cocoon"), "template", "spare", "--key", key)
+	cmd.Env = append(os.Environ(), c.Env...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		stopSpare(t, stateDir, key)
+		if err := <-done; err != nil {
+			t.Errorf("cocoon template spare: %v\n%s", err, out.String())
+		}
+	})
+	waitSpare(t, stateDir, key)
+}
+
+// stopSpare stops the spare of key if one waits or is being made.
+func stopSpare(t *testing.T, stateDir, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for sandbox.SpareHeld(stateDir, key) {
+		if _, err := sandbox.StopSpare(ctx, stateDir, key); err != nil {
+			t.Errorf("stop the spare of %s: %v", key, err)
+			return
+		}
+		if ctx.Err() != nil {
+			t.Errorf("the spare of %s did not stop", key)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

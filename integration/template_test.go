@@ -297,17 +297,30 @@ func TestTemplateRun(t *testing.T) {
 // template does what any container does: exec with stdin, stdout and
 // stderr apart, exec on a terminal, pause and resume, metrics, an OOM
 // kill, and a checkpoint after which it runs on, and from which it is
-// restored and runs on. The shim is the same on every containerd, so 2.4
-// is enough.
+// restored and runs on. It does so in a clone launched for it, and in
+// one that took a spare over (whose OOM container takes the next spare).
+// The shim is the same on every containerd, so 2.4 is enough.
 func TestTemplateWorksWithFeatures(t *testing.T) {
-	t.Setenv("COCOON_TEMPLATE", "required")
+	for _, spare := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clone", true: "spare"}[spare], func(t *testing.T) {
+			t.Setenv("COCOON_TEMPLATE", "required")
+			t.Setenv("COCOON_TEMPLATE_SPARE", strconv.FormatBool(spare))
+			templateFeatures(t, spare)
+		})
+	}
+}
+
+func templateFeatures(t *testing.T, spare bool) {
 	c, img, stateDir := shimContainerd(t, "2.4")
 	removeAtEnd(t, c, "feat", "tploom")
 	key := createTemplate(t, c)
+	if spare {
+		startSpare(t, c, stateDir, key)
+	}
 	events := c.WatchEvents(t)
 	c.MustCtr("run", "-d", "--runtime", runtimeName, img, "feat", "sh", "-c", counter)
 	c.WaitStatus(t, "feat", "RUNNING")
-	assertFromTemplate(t, c, "feat", key, "required")
+	assertSpare(t, c, "feat", key, spare)
 	before := waitCount(t, c, "feat", 2)
 
 	// Exec, with stdin, and stdout and stderr apart.
@@ -370,7 +383,7 @@ func TestTemplateWorksWithFeatures(t *testing.T) {
 	if !events.WaitFor("/tasks/oom", `"container_id":"tploom"`, 10*time.Second) {
 		t.Errorf("no /tasks/oom event for the clone; events: %v", events.Seen("/"))
 	}
-	assertFromTemplate(t, c, "tploom", key, "required")
+	assertSpare(t, c, "tploom", key, spare)
 
 	// Checkpoint: the clone runs on.
 	before = waitCount(t, c, "feat", before)
@@ -399,6 +412,9 @@ func TestTemplateWorksWithFeatures(t *testing.T) {
 	guestClock(t, c, "feat")
 	killAndRemove(t, c, "feat")
 	checkTemplateFiles(t, stateDir, key)
+	if spare {
+		stopSpare(t, stateDir, key)
+	}
 	leakAudit(t, c, filepath.Dir(stateDir))
 }
 
