@@ -1,6 +1,7 @@
 // Command demo is what `make demo` runs once Cocoon is installed: it runs
 // `uname -r` in a container in a microVM through containerd and prints
-// the guest's kernel next to the host's.
+// the guest's kernel next to the host's; with a template, it runs it
+// again, taking over the spare that the first start left.
 //
 // It uses the containerd that runs on this host if there is one (in a
 // namespace of its own, removed at the end), else starts a private
@@ -27,6 +28,7 @@ import (
 	"github.com/cocoonrt/cocoon/runtime/admin"
 	"github.com/cocoonrt/cocoon/runtime/config"
 	"github.com/cocoonrt/cocoon/runtime/sandbox"
+	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
 // systemSocket is where a host's containerd listens by default.
@@ -88,30 +90,104 @@ func run(ctx context.Context) error {
 	}
 	args = append(args, image, "demo", "uname", "-r")
 	fmt.Printf("--- ctr %s\n", strings.Join(args, " "))
-	start := time.Now()
-	var guest, stderr strings.Builder
-	cmd := c.CtrCommand(ctx, args...)
-	cmd.Stdout, cmd.Stderr = &guest, &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("ctr run: %w\n%s", err, stderr.String())
+	guest, took, err := ctrRun(ctx, c, args)
+	if err != nil {
+		return err
 	}
-	fmt.Printf("--- guest kernel: %s   (microVM, %.1f s end to end, %s)\n", strings.TrimSpace(guest.String()), time.Since(start).Seconds(), how)
+	fmt.Printf("--- guest kernel: %s   (microVM, %.1f s end to end, %s)\n", guest, took.Seconds(), how)
+	if how.template == "" || !env.Config.Template.Spare {
+		return nil
+	}
+	// That start left a spare of its shape; the same command again takes
+	// it over. The spare that the second start leaves is stopped: the
+	// demo leaves no VM running.
+	stateDir, key := env.Config.Runtime.StateDir, how.template
+	defer stopSpare(stateDir, key)
+	spare, err := waitSpare(ctx, stateDir, key)
+	if err != nil {
+		return err
+	}
+	guest, took, err = ctrRun(ctx, c, args)
+	if err != nil {
+		return err
+	}
+	how.spare = true
+	if _, err := os.Stat(spare); err == nil {
+		how.spare, how.why = false, "its spare was not taken over"
+	}
+	fmt.Printf("--- again:        %s   (microVM, %.1f s end to end, %s)\n", guest, took.Seconds(), how)
 	return nil
+}
+
+// ctrRun runs ctr with args and returns what it printed and how long it
+// took.
+func ctrRun(ctx context.Context, c *harness.Containerd, args []string) (string, time.Duration, error) {
+	start := time.Now()
+	var out, stderr strings.Builder
+	cmd := c.CtrCommand(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", 0, fmt.Errorf("ctr run: %w\n%s", err, stderr.String())
+	}
+	return strings.TrimSpace(out.String()), time.Since(start), nil
+}
+
+// waitSpare waits for the spare of template key to wait for a claim, and
+// returns its state directory.
+func waitSpare(ctx context.Context, stateDir, key string) (string, error) {
+	_, sock := sandbox.SparePaths(stateDir, key)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			dirs, _ := filepath.Glob(filepath.Join(stateDir, sandbox.SpareNamespace, "spare-"+key+"-*"))
+			if len(dirs) == 1 {
+				return dirs[0], nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no spare of template %s after a minute (its log: `cocoon template ls`, %s)", key, template.LogName)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stopSpare stops the spare of key, once it is made, if one is there.
+func stopSpare(stateDir, key string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for sandbox.SpareHeld(stateDir, key) && ctx.Err() == nil {
+		if _, err := sandbox.StopSpare(ctx, stateDir, key); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: stop the spare:", err)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // start says which way the demo's sandbox starts.
 type start struct {
 	// template is the key of the template it starts from; "" for a boot.
 	template string
-	// why it boots.
+	// spare says it took the template's spare over.
+	spare bool
+	// why it boots, or does not take the spare.
 	why string
 }
 
 func (s start) String() string {
-	if s.template != "" {
-		return "started from template " + s.template[:12]
+	switch {
+	case s.template == "":
+		return "booted: " + s.why
+	case s.spare:
+		return "taking the spare of template " + s.template[:12] + " over"
+	case s.why != "":
+		return "started from template " + s.template[:12] + ": " + s.why
 	}
-	return "booted: " + s.why
+	return "started from template " + s.template[:12]
 }
 
 // startsFrom finds the template of the default shape, verified, if there
