@@ -402,7 +402,7 @@ func TestGCTemplates(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"removed template " + oldGuest.Key() + " (made for guest image 6.1.0-old sha256:cccc",
+		"removed template " + oldGuest.Key() + " (made for guest image 6.1.0-old kernel sha256:cccc",
 		"removed template " + oldVMM.Key() + " (made with VMM " + e.Config.Hypervisor.Path + " (dev=0,ino=0,size=0,mtime=0), the installed one is",
 		"removed template " + bad.Key() + " (memory: sha256 is ",
 		"removed " + filepath.Join(e.Templates().Dir(), cur.Key()+".failed") + " (record of a failed creation)\n",

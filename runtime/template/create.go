@@ -305,7 +305,7 @@ func (s *Store) GC(ctx context.Context, cur Current) ([]Removed, error) {
 			case err != nil:
 				remove(name, err.Error(), true)
 			case t.Manifest.Shape.Guest != cur.Guest:
-				remove(name, fmt.Sprintf("made for guest image %s, the installed one is %s", t.Manifest.Shape.Guest.Version+" "+t.Manifest.Shape.Guest.Kernel, cur.Guest.Version+" "+cur.Guest.Kernel), true)
+				remove(name, fmt.Sprintf("made for guest image %s, the installed one is %s", guestNames(t.Manifest.Shape.Guest), guestNames(cur.Guest)), true)
 			case cur.VMM != "" && (t.Manifest.Shape.VMM != cur.VMM || t.Manifest.Shape.VMMID != cur.VMMID):
 				remove(name, fmt.Sprintf("made with VMM %s (%s), the installed one is %s (%s)", t.Manifest.Shape.VMM, t.Manifest.Shape.VMMID, cur.VMM, cur.VMMID), true)
 			}
@@ -358,4 +358,10 @@ func (s *Store) Spawn(exe string, args []string) (int, error) {
 	// child whose parent exits is reparented.
 	go p.Wait()
 	return pid, nil
+}
+
+// guestNames names a guest image by its kernel release and the digests
+// of its kernel and initrd (a new agent is a new initrd).
+func guestNames(g checkpoint.GuestImage) string {
+	return g.Version + " kernel " + g.Kernel + " initrd " + g.Initrd
 }

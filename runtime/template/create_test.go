@@ -319,7 +319,7 @@ func TestGC(t *testing.T) {
 	}
 	for name, reason := range map[string]string{
 		corrupt.Key():  "sha256",
-		oldGuest.Key(): "made for guest image 6.1.0-old sha256:dddd",
+		oldGuest.Key(): "made for guest image 6.1.0-old kernel sha256:dddd",
 		oldVMM.Key():   "made with VMM /usr/bin/qemu-system-x86_64 (dev=1,ino=9,size=3,mtime=4)",
 		failed:         "failed creation",
 		leftover:       "interrupted",
