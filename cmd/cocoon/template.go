@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/cocoonrt/cocoon/runtime/admin"
+	"github.com/cocoonrt/cocoon/runtime/nice"
 	"github.com/cocoonrt/cocoon/runtime/template"
 )
 
@@ -61,7 +60,7 @@ func templateCommand() *cli.Command {
 				// goes on, and must not slow it: this process and its
 				// QEMU run at the lowest priority, which the sandbox
 				// that takes the QEMU over sets back to its own.
-				if err := lowestPriority(); err != nil {
+				if err := nice.Set(0, 19); err != nil {
 					fmt.Fprintf(os.Stderr, "cocoon template spare: lower the priority: %v\n", err)
 				}
 				env, err := admin.LoadEnv(c.String("config"))
@@ -126,24 +125,4 @@ func templateCommand() *cli.Command {
 			},
 		}},
 	}
-}
-
-// lowestPriority gives every thread of this process nice 19; the
-// threads and processes they make inherit it.
-func lowestPriority() error {
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 19); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

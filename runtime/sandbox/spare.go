@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,8 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"crypto/rand"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -288,16 +287,7 @@ func (s *Sandbox) serveSpare(ctx context.Context, c *net.UnixConn, key string, p
 		if err != nil {
 			return err
 		}
-		var oob []byte
-		if len(files) > 0 {
-			fds := make([]int, len(files))
-			for i, f := range files {
-				fds[i] = int(f.Fd())
-			}
-			oob = unix.UnixRights(fds...)
-		}
-		_, _, err = c.WriteMsgUnix(data, oob, nil)
-		return err
+		return writeWithFiles(c, data, files)
 	}
 	switch {
 	case req.Key != key:
@@ -569,4 +559,19 @@ func dialSpare(ctx context.Context, path string) (*net.UnixConn, error) {
 		return nil, err
 	}
 	return c.(*net.UnixConn), nil
+}
+
+// writeWithFiles writes data as one message on c, with files' descriptors
+// (SCM_RIGHTS).
+func writeWithFiles(c *net.UnixConn, data []byte, files []*os.File) error {
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err := c.WriteMsgUnix(data, oob, nil)
+	return err
 }

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 )
@@ -41,15 +39,7 @@ func fakeSpare(t *testing.T, stateDir string, answer []byte, files ...*os.File) 
 		buf := make([]byte, 4096)
 		n, _ := c.Read(buf)
 		defer func() { got <- string(buf[:n]) }()
-		var oob []byte
-		if len(files) > 0 {
-			fds := make([]int, len(files))
-			for i, f := range files {
-				fds[i] = int(f.Fd())
-			}
-			oob = unix.UnixRights(fds...)
-		}
-		_, _, _ = c.WriteMsgUnix(answer, oob, nil)
+		_ = writeWithFiles(c, answer, files)
 	}()
 	return got
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
+	"github.com/cocoonrt/cocoon/runtime/nice"
 )
 
 // A VM passes from one process to another (a spare VM, launched and
@@ -203,36 +204,11 @@ func (d *Driver) Adopt(ctx context.Context, h hypervisor.Handoff, files []*os.Fi
 	go v.watchEvents()
 	// A spare is made at the lowest priority, so as not to slow the
 	// start that asked for it: the adopter's VM runs at its own.
-	if err := matchPriority(h.PID); err != nil {
+	if err := setOwnPriority(h.PID); err != nil {
 		lg.WithError(err).Warn("set the adopted qemu's priority")
 	}
 	lg.WithField("state_dir", stateDir).Info("qemu adopted")
 	return v, nil
-}
-
-// matchPriority gives every thread of pid this thread's nice value (a
-// Linux nice value is a thread's).
-func matchPriority(pid int) error {
-	// The raw system call's value: 20 - nice.
-	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
-	if err != nil {
-		return err
-	}
-	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, 20-prio); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("thread %d: %w", tid, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // pidfdPID reads the pid a pidfd refers to from /proc/self/fdinfo.
@@ -249,4 +225,13 @@ func pidfdPID(f *os.File) (int, error) {
 		}
 	}
 	return 0, errors.New("not a pidfd")
+}
+
+// setOwnPriority gives every thread of pid this thread's nice value.
+func setOwnPriority(pid int) error {
+	n, err := nice.Own()
+	if err != nil {
+		return err
+	}
+	return nice.Set(pid, n)
 }
