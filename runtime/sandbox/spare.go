@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -101,16 +102,21 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 	if err != nil {
 		return fmt.Errorf("spare lock: %w", err)
 	}
-	defer lock.Close()
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		lock.Close()
 		return ErrSpareRunning
 	} else if err != nil {
+		lock.Close()
 		return fmt.Errorf("spare lock: %w", err)
 	}
 	// Removed while held: a spare process that opened the file before
 	// then takes a lock nobody looks at, and finds its socket path
 	// taken (below).
-	defer os.Remove(lockPath)
+	unlock := sync.OnceFunc(func() {
+		_ = os.Remove(lockPath)
+		lock.Close()
+	})
+	defer unlock()
 	shape, err := ShapeOf(o)
 	if err != nil {
 		return err
@@ -168,12 +174,17 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 		fi, err := os.Stat(sockPath)
 		return err == nil && os.SameFile(fi, sockID)
 	}
-	defer func() {
+	// release ends the spare's hold on its key: once its VM is handed
+	// over (before the reply, so that the spare the claimer's start
+	// makes next finds the key free), or when it ends.
+	release := sync.OnceFunc(func() {
 		ln.Close()
 		if ours() {
 			_ = os.Remove(sockPath)
 		}
-	}()
+		unlock()
+	})
+	defer release()
 
 	lg.WithField("ready_ms", sb.ReadyIn.Milliseconds()).WithField("made_ms", time.Since(began).Milliseconds()).Info("spare ready")
 	if so.Ready != nil {
@@ -225,7 +236,7 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 				stop("its claim socket closed")
 				return errors.New("the spare's claim socket closed")
 			}
-			done, err := sb.serveSpare(ctx, c, so.Key, parked, stop)
+			done, err := sb.serveSpare(ctx, c, so.Key, parked, stop, release)
 			c.Close()
 			if err != nil {
 				lg.WithError(err).Warn("a spare claim failed")
@@ -271,7 +282,7 @@ func (s *Sandbox) park(ctx context.Context) (net.Conn, error) {
 
 // serveSpare answers one request on the claim socket. done says the
 // spare is over: claimed (its VM handed over) or stopped.
-func (s *Sandbox) serveSpare(ctx context.Context, c *net.UnixConn, key string, parked net.Conn, stop func(string)) (done bool, _ error) {
+func (s *Sandbox) serveSpare(ctx context.Context, c *net.UnixConn, key string, parked net.Conn, stop func(string), release func()) (done bool, _ error) {
 	_ = c.SetDeadline(time.Now().Add(spareIOTimeout))
 	buf := make([]byte, 4096)
 	n, err := c.Read(buf)
@@ -319,6 +330,7 @@ func (s *Sandbox) serveSpare(ctx context.Context, c *net.UnixConn, key string, p
 		files = append(files, pf)
 		r.AgentConn = true
 	}
+	release()
 	err = reply(r, files)
 	closeFiles(files)
 	if parked != nil {

@@ -75,7 +75,7 @@ func (l Launcher) Launch(ctx context.Context, r task.LaunchRequest) (_ task.Sand
 	if use.Used {
 		lg.WithField("spare", use.Spare).Info("sandbox started from template")
 		if o.Config.Template.Spare {
-			l.makeSpare(ctx, store, r, use.Key)
+			l.makeSpare(ctx, store, r, o.Config.Runtime.StateDir, use.Key)
 		}
 	} else {
 		lg.WithField("reason", use.Why).Info("sandbox booted")

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/cocoonrt/cocoon/oci"
+	"github.com/cocoonrt/cocoon/runtime/sandbox"
 	"github.com/cocoonrt/cocoon/runtime/template"
 	"github.com/cocoonrt/cocoon/shim/task"
 )
@@ -45,8 +46,12 @@ func (l Launcher) makeTemplate(ctx context.Context, store *template.Store, r tas
 // it over: `cocoon template spare`, detached, with the sandbox's
 // configuration as makeTemplate passes it. It never waits; the child
 // gives way to a spare of the key already there.
-func (l Launcher) makeSpare(ctx context.Context, store *template.Store, r task.LaunchRequest, key string) {
+func (l Launcher) makeSpare(ctx context.Context, store *template.Store, r task.LaunchRequest, stateDir, key string) {
 	lg := log.G(ctx).WithField("key", key)
+	if sandbox.SpareHeld(stateDir, key) {
+		lg.Debug("a spare of this shape is there or being made")
+		return
+	}
 	pid, err := spawnCLI(store, r, "spare", "--key", key)
 	if err != nil {
 		lg.WithError(err).Warn("cannot make the spare of this shape")
