@@ -144,11 +144,19 @@ func fileDigest(t *testing.T, m *template.Manifest, name string) string {
 // says why, and the background creation makes the new image's template
 // next to the old one's. A template whose memory was overwritten is
 // passed over with the digest that gave it away, the sandbox boots, and
-// the background creation replaces it with one that serves. The shim
-// decides all this the same way on every containerd: 2.4 is enough.
+// the background creation replaces it with one that serves. On
+// containerd 1.6 and 2.4.
 func TestTemplateStale(t *testing.T) {
-	t.Setenv("COCOON_TEMPLATE", "auto")
-	c, img, stateDir := shimContainerd(t, "2.4")
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv("COCOON_TEMPLATE", "auto")
+			templateStale(t, v)
+		})
+	}
+}
+
+func templateStale(t *testing.T, version string) {
+	c, img, stateDir := shimContainerd(t, version)
 	// Registered after containerd's stop, so run before it.
 	t.Cleanup(func() { waitNoCreators(t, stateDir, 2*time.Minute) })
 	removeAtEnd(t, c, "req", "other", "fromb", "corrupt", "fixed")
@@ -279,10 +287,18 @@ var requiredRefusal = regexp.MustCompile(`template\.mode is required, and no tem
 // with no template of their shape, all boot and run; the background
 // creations their shims start make one template, the others giving way
 // (or finding it made); a fifth container starts from it, and starts no
-// creation.
+// creation. On containerd 1.6 and 2.4.
 func TestTemplateAutoOnce(t *testing.T) {
-	t.Setenv("COCOON_TEMPLATE", "auto")
-	c, img, stateDir := shimContainerd(t, "2.4")
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv("COCOON_TEMPLATE", "auto")
+			templateAutoOnce(t, v)
+		})
+	}
+}
+
+func templateAutoOnce(t *testing.T, version string) {
+	c, img, stateDir := shimContainerd(t, version)
 	t.Cleanup(func() { waitNoCreators(t, stateDir, 2*time.Minute) })
 	ids := []string{"auto1", "auto2", "auto3", "auto4"}
 	removeAtEnd(t, c, append(ids, "auto5")...)
