@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -71,15 +72,16 @@ func assertSpare(t *testing.T, c *harness.Containerd, id, key string, spare bool
 // shim's log says; that container runs and has its own identity (its id
 // as hostname, the host's clock, random bytes and a boot id that a
 // second spare's container does not share). A spare whose QEMU is
-// killed ends itself, and the next start is a clone; `cocoon template rm`
-// stops a waiting spare; nothing is left.
+// killed ends itself, and the next start is a clone; of two starts at
+// once, one takes the spare over and the other is a clone; `cocoon
+// template rm` stops a waiting spare; nothing is left.
 func TestTemplateSpare(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			t.Setenv("COCOON_TEMPLATE", "required")
 			t.Setenv("COCOON_TEMPLATE_SPARE", "true")
 			c, img, stateDir := shimContainerd(t, v)
-			ids := []string{"first", "spared1", "spared2", "afterkill"}
+			ids := []string{"first", "spared1", "spared2", "afterkill", "race1", "race2"}
 			removeAtEnd(t, c, ids...)
 			key := createTemplate(t, c)
 			// Before the state directory is checked: a spare still
@@ -130,7 +132,33 @@ func TestTemplateSpare(t *testing.T) {
 			c.WaitStatus(t, ids[3], "RUNNING")
 			assertSpare(t, c, ids[3], key, false)
 
-			// Its start left a spare, which `cocoon template rm` stops.
+			// Two starts at once and one spare: one takes it over, the
+			// other starts a clone, and both run.
+			waitSpare(t, stateDir, key)
+			var wg sync.WaitGroup
+			for _, id := range ids[4:] {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := c.Ctr("run", "-d", "--runtime", runtimeName, img, id, "sleep", "600"); err != nil {
+						t.Errorf("ctr run %s: %v", id, err)
+					}
+				}()
+			}
+			wg.Wait()
+			spared := 0
+			for _, id := range ids[4:] {
+				c.WaitStatus(t, id, "RUNNING")
+				assertFromTemplate(t, c, id, key, "required")
+				if e := sandboxLog(c, msgStarted, id, 0); e != nil && e["spare"] == "true" {
+					spared++
+				}
+			}
+			if spared != 1 {
+				t.Errorf("%d of two starts at once took the one spare over, want 1", spared)
+			}
+
+			// A start left a spare, which `cocoon template rm` stops.
 			waitSpare(t, stateDir, key)
 			if out := runCocoon(t, c, "template", "rm", key); !strings.Contains(out, "stopped the spare of template "+key) {
 				t.Errorf("cocoon template rm: %s", out)
