@@ -322,11 +322,16 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 	launched := time.Now()
 	var parked net.Conn
 	if spare != nil {
-		// A spare is paused, parked in its handshake: it is resumed
-		// once the host holds its agent channel, as a clone is.
+		// A spare is paused, parked in its handshake. On virtio-serial
+		// it is resumed once the host holds its agent channel (the
+		// parked connection), as a clone is; on vsock at once, since
+		// the host's dial needs the guest running.
 		s.vm, err = adoptSpare(startCtx, o.Driver, spare, s.Dir)
-		resumeAfterDial, parked = true, spare.agent
+		resumeAfterDial, parked = spare.agent != nil, spare.agent
 		spare.agent = nil
+		if err == nil && parked == nil {
+			err = resumeSpare(startCtx, s.vm)
+		}
 	} else {
 		s.vm, err = o.Driver.Launch(startCtx, spec)
 	}

@@ -176,3 +176,15 @@ func dialSpare(ctx context.Context, path string) (*net.UnixConn, error) {
 	}
 	return c.(*net.UnixConn), nil
 }
+
+// resumeSpare lets a spare's paused guest run.
+func resumeSpare(ctx context.Context, vm hypervisor.VM) error {
+	snap, ok := vm.(hypervisor.Snapshotter)
+	if !ok {
+		return fmt.Errorf("the spare's VM cannot be resumed: %w", errdefs.ErrNotImplemented)
+	}
+	if err := snap.Resume(ctx); err != nil {
+		return fmt.Errorf("resume the spare: %w", err)
+	}
+	return nil
+}
