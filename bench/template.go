@@ -156,35 +156,20 @@ func benchTemplate(ctx context.Context, env *admin.Env, n, ctrN int) (f tmplFigu
 func stopSpare(stateDir, key string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := awaitSpare(ctx, stateDir, key); err != nil {
-		return err
-	}
-	_, err := sandbox.StopSpare(ctx, stateDir, key)
-	return err
+	return sandbox.EndSpare(ctx, stateDir, key)
 }
 
 // awaitSpare waits until no spare of key is being made: one waits for a
-// claim, or none is there. It reports whether one waits.
+// claim, or none is there.
 func awaitSpare(ctx context.Context, stateDir, key string) error {
-	_, sock := sandbox.SparePaths(stateDir, key)
-	for {
-		_, err := os.Stat(sock)
-		if err == nil || !sandbox.SpareHeld(stateDir, key) {
-			return nil
-		}
+	for !sandbox.SpareWaits(stateDir, key) && sandbox.SpareHeld(stateDir, key) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("wait for the spare of %s: %w", key, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// spareWaits says whether the spare of key waits for a claim.
-func spareWaits(stateDir, key string) bool {
-	_, sock := sandbox.SparePaths(stateDir, key)
-	_, err := os.Stat(sock)
-	return err == nil && sandbox.SpareHeld(stateDir, key)
+	return nil
 }
 
 // startFigures starts n sandboxes of each kind through the runtime API,
@@ -215,7 +200,7 @@ func (f *tmplFigures) startOnce(ctx context.Context, e *admin.Env, key string, k
 		defer cancel()
 		claimed = make(chan error, 1)
 		go func() { claimed <- e.RunSpare(sctx, io.Discard, admin.TemplateOptions{Key: key}) }()
-		for !spareWaits(e.Config.Runtime.StateDir, key) {
+		for !sandbox.SpareWaits(e.Config.Runtime.StateDir, key) {
 			select {
 			case err := <-claimed:
 				return 0, 0, fmt.Errorf("make a spare: %v", err)
@@ -280,7 +265,7 @@ func (b *ctrdBench) tmplStartFigures(ctx context.Context, f *tmplFigures, stateD
 		if err := awaitSpare(ctx, stateDir, key); err != nil {
 			return 0, err
 		}
-		if k == kSpare && !spareWaits(stateDir, key) {
+		if k == kSpare && !sandbox.SpareWaits(stateDir, key) {
 			// None yet: a start of the kind, not counted, leaves one.
 			if _, err := b.ctrRun(ctx, args, b.newID("tprime")); err != nil {
 				return 0, err

@@ -26,10 +26,9 @@ import (
 // claim, and returns the pid of its QEMU.
 func waitSpare(t *testing.T, stateDir, key string) int {
 	t.Helper()
-	_, sock := sandbox.SparePaths(stateDir, key)
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if _, err := os.Stat(sock); err == nil {
+		if sandbox.SpareWaits(stateDir, key) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -40,14 +39,14 @@ func waitSpare(t *testing.T, stateDir, key string) int {
 	}
 	// A spare's VM keeps the name of the directory it was made in after
 	// a sandbox took it over; the waiting one is the one still there.
-	dirs, _ := filepath.Glob(filepath.Join(stateDir, sandbox.SpareNamespace, "spare-"+key+"-*"))
-	if len(dirs) != 1 {
-		t.Fatalf("the spare of %s is ready, and its state directories are %q", key, dirs)
+	dir := sandbox.SpareDir(stateDir, key)
+	if dir == "" {
+		t.Fatalf("the spare of %s is ready, and it has not one state directory", key)
 	}
-	out, err := exec.Command("pgrep", "-f", "qemu-system.*-name guest="+regexp.QuoteMeta(dirs[0])+"( |$)").Output()
+	out, err := exec.Command("pgrep", "-f", "qemu-system.*-name guest="+regexp.QuoteMeta(dir)+"( |$)").Output()
 	pid, perr := strconv.Atoi(strings.TrimSpace(string(out)))
 	if err != nil || perr != nil {
-		t.Fatalf("the qemu of the spare in %s: %q (%v)", dirs[0], out, err)
+		t.Fatalf("the qemu of the spare in %s: %q (%v)", dir, out, err)
 	}
 	return pid
 }
@@ -213,15 +212,7 @@ func stopSpare(t *testing.T, stateDir, key string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for sandbox.SpareHeld(stateDir, key) {
-		if _, err := sandbox.StopSpare(ctx, stateDir, key); err != nil {
-			t.Errorf("stop the spare of %s: %v", key, err)
-			return
-		}
-		if ctx.Err() != nil {
-			t.Errorf("the spare of %s did not stop", key)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := sandbox.EndSpare(ctx, stateDir, key); err != nil {
+		t.Error(err)
 	}
 }

@@ -135,14 +135,10 @@ func ctrRun(ctx context.Context, c *harness.Containerd, args []string) (string, 
 // waitSpare waits for the spare of template key to wait for a claim, and
 // returns its state directory.
 func waitSpare(ctx context.Context, stateDir, key string) (string, error) {
-	_, sock := sandbox.SparePaths(stateDir, key)
 	deadline := time.Now().Add(time.Minute)
 	for {
-		if _, err := os.Stat(sock); err == nil {
-			dirs, _ := filepath.Glob(filepath.Join(stateDir, sandbox.SpareNamespace, "spare-"+key+"-*"))
-			if len(dirs) == 1 {
-				return dirs[0], nil
-			}
+		if dir := sandbox.SpareDir(stateDir, key); dir != "" && sandbox.SpareWaits(stateDir, key) {
+			return dir, nil
 		}
 		if time.Now().After(deadline) {
 			return "", fmt.Errorf("no spare of template %s after a minute (its log: `cocoon template ls`, %s)", key, template.LogName)
@@ -159,12 +155,8 @@ func waitSpare(ctx context.Context, stateDir, key string) (string, error) {
 func stopSpare(stateDir, key string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for sandbox.SpareHeld(stateDir, key) && ctx.Err() == nil {
-		if _, err := sandbox.StopSpare(ctx, stateDir, key); err != nil {
-			fmt.Fprintln(os.Stderr, "demo: stop the spare:", err)
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := sandbox.EndSpare(ctx, stateDir, key); err != nil {
+		fmt.Fprintln(os.Stderr, "demo: stop the spare:", err)
 	}
 }
 

@@ -96,13 +96,14 @@ func (e *Env) GC(ctx context.Context, w io.Writer) error {
 	// one that outlived its maker (killed mid-creation) is ended.
 	creating := e.Templates().Creating()
 	for _, s := range list {
-		ns := filepath.Base(filepath.Dir(s.Dir))
-		// So is a spare's whose spare process is gone (killed): its
-		// lock is held from before its VM starts until its VM is
-		// stopped or handed over, so its age does not matter.
-		spareOrphan := ns == sandbox.SpareNamespace && !sandbox.SpareHeld(e.Config.Runtime.StateDir, sandbox.SpareKeyOf(filepath.Base(s.Dir)))
-		orphan := s.VMMPid != 0 && ns == sandbox.TemplateNamespace && !creating || spareOrphan
-		if (s.VMMPid != 0 && !orphan) || e.young(s) && !spareOrphan {
+		switch ns := filepath.Base(filepath.Dir(s.Dir)); {
+		case ns == sandbox.SpareNamespace && !sandbox.SpareHeld(e.Config.Runtime.StateDir, sandbox.SpareKeyOf(filepath.Base(s.Dir))):
+			// A spare's VM whose spare process is gone (killed) is
+			// ended too, whatever its age: the lock is held from before
+			// the VM starts until it is stopped or handed over.
+		case e.young(s):
+			continue
+		case s.VMMPid != 0 && (ns != sandbox.TemplateNamespace || creating):
 			continue
 		}
 		if err := qemu.Cleanup(ctx, s.Dir); err != nil {

@@ -60,14 +60,9 @@ func (s *Sandbox) connect(ctx context.Context, resume bool, conn net.Conn) error
 	}
 	dialed := time.Now()
 	if resume {
-		snap, ok := s.vm.(hypervisor.Snapshotter)
-		if !ok {
+		if err := resumeVM(ctx, s.vm); err != nil {
 			conn.Close()
-			return fail("connect", fmt.Errorf("the restored VM cannot be resumed: %w", errdefs.ErrNotImplemented))
-		}
-		if err := snap.Resume(ctx); err != nil {
-			conn.Close()
-			return fail("connect", fmt.Errorf("resume the restored VM: %w", err))
+			return fail("connect", err)
 		}
 	}
 	// Connect waits for the agent to take the channel (its handshake):
@@ -128,4 +123,17 @@ func (s *Sandbox) consoleTail() string {
 		return "\n(guest console is empty)"
 	}
 	return "\nlast guest console lines:\n  " + strings.Join(lines, "\n  ")
+}
+
+// resumeVM lets a VM restored or kept paused (a clone, a restore, a
+// spare) run.
+func resumeVM(ctx context.Context, vm hypervisor.VM) error {
+	snap, ok := vm.(hypervisor.Snapshotter)
+	if !ok {
+		return fmt.Errorf("the restored VM cannot be resumed: %w", errdefs.ErrNotImplemented)
+	}
+	if err := snap.Resume(ctx); err != nil {
+		return fmt.Errorf("resume the restored VM: %w", err)
+	}
+	return nil
 }

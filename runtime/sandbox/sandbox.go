@@ -126,8 +126,8 @@ type Options struct {
 	// unwatched leaves the VM's end unwatched: a template's own VM and a
 	// spare's, whose agent sessions are ended once they are ready.
 	unwatched bool
-	// spare is the spare VM (of Template) that the start takes over
-	// instead of launching one (spare.go).
+	// spare is the spare VM of Template that the start takes over
+	// instead of launching one (startFromSpare sets both).
 	spare *claimedSpare
 }
 
@@ -258,9 +258,6 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		r.took.verify = time.Since(began)
 	}
 	spare := o.spare
-	if r != nil || clone == nil {
-		spare = nil
-	}
 	if spare != nil {
 		defer spare.close()
 		err = takeSpareDir(ctx, o.Driver, spare, s.Dir)
@@ -330,7 +327,7 @@ func start(ctx context.Context, o Options, r *restoring) (_ *Sandbox, retErr err
 		resumeAfterDial, parked = spare.agent != nil, spare.agent
 		spare.agent = nil
 		if err == nil && parked == nil {
-			err = resumeSpare(startCtx, s.vm)
+			err = resumeVM(startCtx, s.vm)
 		}
 	} else {
 		s.vm, err = o.Driver.Launch(startCtx, spec)

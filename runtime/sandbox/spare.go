@@ -18,7 +18,6 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/cocoonrt/cocoon/guest/api"
 	"github.com/cocoonrt/cocoon/runtime/channel"
 	"github.com/cocoonrt/cocoon/runtime/hypervisor"
 	"github.com/cocoonrt/cocoon/runtime/template"
@@ -248,34 +247,25 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 	}
 }
 
-// park ends the agent session of a spare's guest and leaves its agent
-// waiting in its handshake, as a template's is saved, and pauses the VM.
-// On virtio-serial the port is connected again at once (a host that is
-// gone reads as EOF, which the agent would wait out in backoff) and the
-// connection, parked after the guest's WELCOME, is returned: the claim
-// hands it over. On vsock the agent goes back to accepting connections.
+// park parks the agent of a spare's guest as a template's is saved
+// (parkAgent), and pauses the VM. The parked connection (virtio-serial)
+// is returned: the claim hands it over.
 func (s *Sandbox) park(ctx context.Context) (net.Conn, error) {
-	s.agent.Close()
-	var raw net.Conn
-	if s.Channel == channel.Serial {
-		var err error
-		if raw, err = s.vm.AgentEndpoint().Dial(ctx); err != nil {
-			return nil, fmt.Errorf("reconnect the spare's agent channel: %w", err)
-		}
-		if err := api.HostPark(ctx, raw); err != nil {
-			raw.Close()
-			return nil, fmt.Errorf("park the spare's agent: %w", err)
-		}
+	raw, err := s.parkAgent(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("the spare's guest: %w", err)
 	}
 	snap, ok := s.vm.(hypervisor.Snapshotter)
 	if !ok {
-		return raw, fmt.Errorf("spares: the hypervisor driver cannot pause a VM: %w", errdefs.ErrNotImplemented)
+		err = fmt.Errorf("spares: the hypervisor driver cannot pause a VM: %w", errdefs.ErrNotImplemented)
+	} else if err = snap.Pause(ctx); err != nil {
+		err = fmt.Errorf("pause the spare: %w", err)
 	}
-	if err := snap.Pause(ctx); err != nil {
+	if err != nil {
 		if raw != nil {
 			raw.Close()
 		}
-		return nil, fmt.Errorf("pause the spare: %w", err)
+		return nil, err
 	}
 	return raw, nil
 }
@@ -360,20 +350,11 @@ func closeFiles(files []*os.File) {
 // StopSpare asks the spare of key under stateDir to stop, if one runs,
 // and waits for it to have stopped its VM. It says whether one did.
 func StopSpare(ctx context.Context, stateDir, key string) (bool, error) {
-	_, sockPath := SparePaths(stateDir, key)
-	c, err := dialSpare(ctx, sockPath)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reach the spare of %s: %w", key, err)
+	c, err := askSpare(ctx, stateDir, key, spareStop, 2*spareIOTimeout)
+	if c == nil || err != nil {
+		return false, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * spareIOTimeout))
-	req, _ := json.Marshal(spareRequest{Op: spareStop, Key: key})
-	if _, err := c.Write(req); err != nil {
-		return false, fmt.Errorf("stop the spare of %s: %w", key, err)
-	}
 	buf := make([]byte, 4096)
 	n, err := c.Read(buf)
 	if err != nil {
@@ -402,6 +383,42 @@ func SpareHeld(stateDir, key string) bool {
 		return errors.Is(err, unix.EWOULDBLOCK)
 	}
 	return false
+}
+
+// SpareWaits says whether the spare of key under stateDir waits for a
+// claim: its process holds the key and serves its socket.
+func SpareWaits(stateDir, key string) bool {
+	_, sock := SparePaths(stateDir, key)
+	_, err := os.Stat(sock)
+	return err == nil && SpareHeld(stateDir, key)
+}
+
+// SpareDir is the state directory of the VM of key's spare under
+// stateDir, "" unless there is exactly one (a spare's VM that a sandbox
+// took over has moved to the sandbox's).
+func SpareDir(stateDir, key string) string {
+	dirs, _ := filepath.Glob(filepath.Join(stateDir, SpareNamespace, "spare-"+key+"-*"))
+	if len(dirs) != 1 {
+		return ""
+	}
+	return dirs[0]
+}
+
+// EndSpare stops the spare of key under stateDir, if there is one, and
+// returns once no spare process holds the key. A spare being made is
+// waited for and stopped once it waits (it answers no request before).
+func EndSpare(ctx context.Context, stateDir, key string) error {
+	for SpareHeld(stateDir, key) {
+		if _, err := StopSpare(ctx, stateDir, key); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the spare of %s did not stop: %w", key, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // SpareKeyOf is the template key of a spare's sandbox id, "" if id is not

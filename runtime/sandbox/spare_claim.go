@@ -41,24 +41,11 @@ func (c *claimedSpare) close() {
 // claimSpare takes the spare of key under stateDir if one waits; nil if
 // none does (no socket, or nobody serving it).
 func claimSpare(ctx context.Context, stateDir, key string) (*claimedSpare, error) {
-	_, sockPath := SparePaths(stateDir, key)
-	c, err := dialSpare(ctx, sockPath)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reach the spare of %s: %w", key, err)
+	c, err := askSpare(ctx, stateDir, key, spareClaim, spareIOTimeout)
+	if c == nil || err != nil {
+		return nil, err
 	}
 	defer c.Close()
-	deadline := time.Now().Add(spareIOTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
-	}
-	_ = c.SetDeadline(deadline)
-	req, _ := json.Marshal(spareRequest{Op: spareClaim, Key: key})
-	if _, err := c.Write(req); err != nil {
-		return nil, fmt.Errorf("claim the spare of %s: %w", key, err)
-	}
 	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(8*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -168,23 +155,29 @@ func endSpare(ctx context.Context, d hypervisor.Driver, c *claimedSpare) {
 	}
 }
 
-// dialSpare connects to a spare's claim socket.
-func dialSpare(ctx context.Context, path string) (*net.UnixConn, error) {
-	c, err := channel.DialUnixNetwork(ctx, "unixpacket", path)
+// askSpare sends op to the spare of key under stateDir and returns the
+// connection, its deadline set to timeout (or ctx's, if sooner), for the
+// answer; nil, and no error, if no spare is there (no socket, or nobody
+// serving it: a spare that was killed).
+func askSpare(ctx context.Context, stateDir, key, op string, timeout time.Duration) (*net.UnixConn, error) {
+	_, sockPath := SparePaths(stateDir, key)
+	conn, err := channel.DialUnixNetwork(ctx, "unixpacket", sockPath)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reach the spare of %s: %w", key, err)
 	}
-	return c.(*net.UnixConn), nil
-}
-
-// resumeSpare lets a spare's paused guest run.
-func resumeSpare(ctx context.Context, vm hypervisor.VM) error {
-	snap, ok := vm.(hypervisor.Snapshotter)
-	if !ok {
-		return fmt.Errorf("the spare's VM cannot be resumed: %w", errdefs.ErrNotImplemented)
+	c := conn.(*net.UnixConn)
+	deadline := time.Now().Add(timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
 	}
-	if err := snap.Resume(ctx); err != nil {
-		return fmt.Errorf("resume the spare: %w", err)
+	_ = c.SetDeadline(deadline)
+	req, _ := json.Marshal(spareRequest{Op: op, Key: key})
+	if _, err := c.Write(req); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s the spare of %s: %w", op, key, err)
 	}
-	return nil
+	return c, nil
 }

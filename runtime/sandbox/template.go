@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"time"
@@ -94,21 +95,13 @@ func MakeTemplate(ctx context.Context, o Options, store *template.Store, co temp
 		built.Boot = sb.ReadyIn
 		// The agent session ends before the save, so that a clone's
 		// agent waits in its handshake for the clone's host instead
-		// of resuming in a session it must first find broken. On
-		// virtio-serial the port is connected again at once (a host
-		// that is gone reads as EOF, which the agent would wait out
-		// in backoff) and the handshake is taken to its WELCOME: the
-		// guest is parked where the clone's HELLO finds it.
-		sb.agent.Close()
-		if sb.Channel == channel.Serial {
-			raw, err := sb.vm.AgentEndpoint().Dial(ctx)
-			if err != nil {
-				return built, fmt.Errorf("reconnect the template's agent channel: %w", err)
-			}
+		// of resuming in a session it must first find broken.
+		raw, err := sb.parkAgent(ctx)
+		if err != nil {
+			return built, fmt.Errorf("the template's guest: %w", err)
+		}
+		if raw != nil {
 			defer raw.Close()
-			if err := api.HostPark(ctx, raw); err != nil {
-				return built, fmt.Errorf("park the template's agent: %w", err)
-			}
 		}
 		select {
 		case <-time.After(templateSettle):
@@ -291,4 +284,27 @@ func startFromSpare(ctx context.Context, o Options, key string) (*Sandbox, bool)
 		return nil, false
 	}
 	return sb, true
+}
+
+// parkAgent ends the agent session and leaves the agent waiting in its
+// handshake, where the next host's HELLO finds it. On virtio-serial the
+// port is connected again at once (a host that is gone reads as EOF,
+// which the agent would wait out in backoff) and the handshake is taken
+// to its WELCOME; that connection is returned, the caller's to keep open
+// while the guest is to stay parked. On vsock the agent goes back to
+// accepting connections, and nil is returned.
+func (s *Sandbox) parkAgent(ctx context.Context) (net.Conn, error) {
+	s.agent.Close()
+	if s.Channel != channel.Serial {
+		return nil, nil
+	}
+	raw, err := s.vm.AgentEndpoint().Dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reconnect the agent channel: %w", err)
+	}
+	if err := api.HostPark(ctx, raw); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("park the agent: %w", err)
+	}
+	return raw, nil
 }
