@@ -94,12 +94,9 @@ type SpareOptions struct {
 // fails with ErrSpareRunning if another spare of the shape is there.
 func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOptions) error {
 	lockPath, sockPath := SparePaths(o.Config.Runtime.StateDir, so.Key)
-	if err := os.MkdirAll(filepath.Dir(lockPath), 0o700); err != nil {
-		return fmt.Errorf("spares: %w", err)
-	}
-	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	lock, err := openSpareLock(lockPath)
 	if err != nil {
-		return fmt.Errorf("spare lock: %w", err)
+		return err
 	}
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
 		lock.Close()
@@ -114,6 +111,9 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 	unlock := sync.OnceFunc(func() {
 		_ = os.Remove(lockPath)
 		lock.Close()
+		// The directory goes with the last spare: Remove fails while
+		// another spare's files are in it.
+		_ = os.Remove(filepath.Dir(lockPath))
 	})
 	defer unlock()
 	shape, err := ShapeOf(o)
@@ -243,6 +243,24 @@ func RunSpare(ctx context.Context, o Options, store *template.Store, so SpareOpt
 			if done {
 				return err
 			}
+		}
+	}
+}
+
+// openSpareLock opens (making it) a spare's lock file. The directory of
+// spares goes with the last spare, maybe between making it and opening
+// the file: then it is made again.
+func openSpareLock(path string) (*os.File, error) {
+	for try := 0; ; try++ {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("spares: %w", err)
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+		if err == nil || !errors.Is(err, os.ErrNotExist) || try == 2 {
+			if err != nil {
+				return nil, fmt.Errorf("spare lock: %w", err)
+			}
+			return f, nil
 		}
 	}
 }

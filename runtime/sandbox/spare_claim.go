@@ -124,8 +124,11 @@ func takeSpareDir(ctx context.Context, d hypervisor.Driver, c *claimedSpare, dir
 	}
 	if err != nil {
 		endSpare(ctx, d, c)
+		return err
 	}
-	return err
+	// The directory of spares goes with the last one (openSpareLock).
+	_ = os.Remove(filepath.Dir(c.handoff.StateDir))
+	return nil
 }
 
 // adoptSpare takes the claimed spare's VM over, its state directory now
