@@ -130,7 +130,8 @@ type lifecycleOp struct {
 	to   containerState
 	// rule says, to a user, which states allow the op.
 	rule string
-	// quiesce refuses the op while processes are being executed.
+	// quiesce refuses the op while processes are being executed, once
+	// they have had execSettle to finish.
 	quiesce bool
 	// needsThawed refuses the op while the filesystems are frozen for a
 	// snapshot: it unmounts or reads the writable layer.
@@ -203,10 +204,26 @@ func (c *container) current() containerState {
 	return c.currentLocked()
 }
 
+// How long a delete or an export of a container waits for the processes
+// being executed in it to finish starting, and how often it looks.
+const (
+	execSettle     = 5 * time.Second
+	execSettlePoll = 10 * time.Millisecond
+)
+
 // begin starts op, or says why it cannot start.
 func (c *container) begin(op lifecycleOp) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// An exec still in progress when its container stopped ends soon:
+	// it fails, or its process, started after the host gave up on the
+	// call, is killed by the host's undo while the call is still
+	// returning. A delete or an export waits for it, bounded.
+	for settle := time.Now().Add(execSettle); op.quiesce && c.execs > 0 && time.Now().Before(settle); {
+		c.mu.Unlock()
+		time.Sleep(execSettlePoll)
+		c.mu.Lock()
+	}
 	if c.busy != "" {
 		return fmt.Errorf("container %s is being %s; try again once that is done: %w", c.id, c.busy, errdefs.ErrFailedPrecondition)
 	}

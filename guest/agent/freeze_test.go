@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -209,5 +210,36 @@ func TestLinuxThawOfUnfrozenIsFine(t *testing.T) {
 	// FITHAW only: freezing the test machine's filesystem is not a test.
 	if err := (LinuxFreezer{}).Thaw(t.TempDir()); err != nil {
 		t.Fatalf("thaw of a filesystem that is not frozen: %v", err)
+	}
+}
+
+// TestDeleteWaitsForExecsSettling: a delete that finds a process still
+// being executed in the container waits for that call to finish, and one
+// whose call does not finish within execSettle is refused.
+func TestDeleteWaitsForExecsSettling(t *testing.T) {
+	s := freezeService(t, &fakeFreezer{})
+	c := s.containers.byID["a"]
+	c.mu.Lock()
+	c.execs = 1
+	c.mu.Unlock()
+	time.AfterFunc(100*time.Millisecond, func() {
+		c.mu.Lock()
+		c.execs--
+		c.mu.Unlock()
+	})
+	began := time.Now()
+	if err := c.begin(opDelete); err != nil {
+		t.Fatalf("delete after the exec settled: %v", err)
+	}
+	if d := time.Since(began); d < 100*time.Millisecond {
+		t.Errorf("the delete began %v after an exec in progress, before it settled", d)
+	}
+	c.end(opDelete, false)
+
+	c.mu.Lock()
+	c.execs = 1
+	c.mu.Unlock()
+	if err := c.begin(opExport); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "starting a process") {
+		t.Fatalf("export while an exec never settles: %v", err)
 	}
 }
